@@ -1,0 +1,1 @@
+"""alpha-rl trainer: data → features → sim → agent → loop → checkpoint → folds → report."""

@@ -1,0 +1,1 @@
+"""Argo Workflows (Hera) template, submit CLI and local DAG runner."""
