@@ -16,6 +16,8 @@ from dataclasses import dataclass, fields
 
 import numpy as np
 
+from trainer.data.tape import BUY, SELL, UNKNOWN, MarketTape
+
 NO_SELL_PX = np.iinfo(np.int64).max  # sell_min_px sentinel: no seller-initiated trade in the interval
 NO_BUY_PX = np.iinfo(np.int64).min  # buy_max_px sentinel: no buyer-initiated trade in the interval
 
@@ -51,3 +53,76 @@ class DecisionTape:
         """Rows [start, stop) as a new tape (views, no copy)."""
         kw = {name: a[start:stop] for name, a in self.arrays().items()}
         return DecisionTape(**kw, tick_value=self.tick_value, trade_radius_ticks=self.trade_radius_ticks)
+
+
+def build_decision_tape(tape: MarketTape, rows: np.ndarray, radius: int) -> DecisionTape:
+    """DecisionTape for decisions at book rows `rows` (strictly increasing), trade grid radius R = `radius`.
+
+    Vectorised: each trade finds its interval by one binary search over the decision times, the
+    histograms are one np.add.at over (interval, bucket) pairs, and the per-interval min/max prices a
+    reduceat over the (time-sorted, hence interval-sorted) trades. O((T + m) log T) for m trades.
+    """
+    rows = np.asarray(rows, dtype=np.int64)
+    book, trades = tape.book, tape.trades
+    if rows.ndim != 1 or rows.size == 0:
+        raise ValueError(f"build_decision_tape: rows must be a non-empty 1-D index array, got shape {rows.shape}")
+    if rows[0] < 0 or rows[-1] >= len(book) or np.any(np.diff(rows) <= 0):
+        raise ValueError("build_decision_tape: rows must be strictly increasing indices into the book")
+    if not isinstance(radius, int) or radius < 1:
+        raise ValueError(f"build_decision_tape: radius must be an int >= 1, got {radius!r}")
+    n_dec = rows.size
+    n_buckets = 2 * radius + 1
+
+    ts = book.ts_ns[rows]  # (T,)
+    bid_px, bid_sz = book.bid_px[rows], book.bid_sz[rows]  # (T, L)
+    ask_px, ask_sz = book.ask_px[rows], book.ask_sz[rows]  # (T, L)
+    anchor = bid_px[:, 0].copy()  # (T,)
+
+    # Interval of each trade: t with ts[t] < trade_ts <= ts[t+1]; trades before the first decision or
+    # after the last one belong to no interval (the last row's interval is empty by contract).
+    t_of = np.searchsorted(ts, trades.ts_ns, side="left") - 1  # (m,)
+    keep = (t_of >= 0) & (t_of < n_dec - 1) & (trades.size > 0)
+    t_of = t_of[keep]
+    px, size, side = trades.px[keep], trades.size[keep], trades.side[keep].astype(np.int8)
+
+    # Unknown aggressor: classify against the book at t (at/through the bid: sell; at/through the ask: buy).
+    unknown = side == UNKNOWN
+    if unknown.any():
+        tu = t_of[unknown]
+        pu = px[unknown]
+        is_sell = (bid_sz[tu, 0] > 0) & (pu <= bid_px[tu, 0])
+        is_buy = (ask_sz[tu, 0] > 0) & (pu >= ask_px[tu, 0]) & ~is_sell
+        side[unknown] = np.where(is_sell, SELL, np.where(is_buy, BUY, UNKNOWN))
+
+    bucket = px - anchor[t_of] + radius  # (m',)
+    on_grid = (bucket >= 0) & (bucket < n_buckets)
+
+    def histogram(mask: np.ndarray) -> np.ndarray:
+        out = np.zeros((n_dec, n_buckets), np.int64)  # (T, 2R+1): the dense output dominates the cost
+        np.add.at(out.reshape(-1), t_of[mask] * n_buckets + bucket[mask], size[mask])  # exact int64 sums
+        return out
+
+    def extreme(mask: np.ndarray, fill: int, ufunc: np.ufunc) -> np.ndarray:
+        out = np.full(n_dec, fill, dtype=np.int64)
+        t_sel, p_sel = t_of[mask], px[mask]
+        if t_sel.size:
+            starts = np.flatnonzero(np.r_[True, t_sel[1:] != t_sel[:-1]])  # t_of is non-decreasing
+            out[t_sel[starts]] = ufunc.reduceat(p_sel, starts)
+        return out
+
+    sells, buys = side == SELL, side == BUY
+    return DecisionTape(
+        ts_ns=ts,
+        book_row=rows.copy(),
+        bid_px=bid_px,
+        bid_sz=bid_sz,
+        ask_px=ask_px,
+        ask_sz=ask_sz,
+        anchor_px=anchor,
+        sell_vol=histogram(sells & on_grid),
+        buy_vol=histogram(buys & on_grid),
+        sell_min_px=extreme(sells, NO_SELL_PX, np.minimum),
+        buy_max_px=extreme(buys, NO_BUY_PX, np.maximum),
+        tick_value=float(tape.instrument.tick_value),
+        trade_radius_ticks=radius,
+    )

@@ -1,0 +1,242 @@
+"""The local DAG runner on templates built by the production Hera builders, with real processes and exit codes."""
+from __future__ import annotations
+
+import io
+import json
+import os
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from workflows import template as T
+from workflows.cgroup import memory_cgroup_parent
+from workflows.launch import drop_empty_flags
+from workflows.local import LocalOptions, parse_duration_s, run_local, substitute
+
+SHA = "0123abc"
+MOUNT = T.DEFAULTS.mount_path
+
+# Stand-in trainer: a real process that exits with the code planned for (fold, attempt) in $PLAN,
+# writes result.json into the fold dir it was given, and refuses to start before features ran.
+FOLD_CODE = r"""
+import json, os, sys, time
+fold, retries, fold_dir, fxcache = sys.argv[1], int(sys.argv[2]), sys.argv[3], sys.argv[4]
+print(json.dumps({"event": "fake-train", "fold": int(fold), "attempt": retries}), flush=True)
+if not os.path.exists(os.path.join(fxcache, "done")):
+    sys.exit(9)
+time.sleep(float(os.environ.get("SLEEP_S", "0")))
+codes = json.loads(os.environ.get("PLAN", "{}")).get(fold, [])
+code = codes[retries] if retries < len(codes) else 0
+if code == 0:
+    os.makedirs(fold_dir, exist_ok=True)
+    with open(os.path.join(fold_dir, "result.json"), "w") as f:
+        json.dump({"fold": int(fold), "attempt": retries}, f)
+sys.exit(code)
+"""
+FEATURES_CODE = "import os, sys; os.makedirs(sys.argv[1], exist_ok=True); open(os.path.join(sys.argv[1], 'done'), 'w').close()"
+REPORT_CODE = (
+    "import json, os, sys; d = sys.argv[1]; os.makedirs(d, exist_ok=True); "
+    "folds = sorted(n for n in os.listdir(d) if n.startswith('fold')); "
+    "json.dump({'folds': folds}, open(os.path.join(d, 'summary.json'), 'w'))"
+)
+
+
+def fake_template(cfg: T.TemplateConfig, fold_code: str = FOLD_CODE, fold_args: list[str] | None = None) -> dict:
+    """The production WorkflowTemplate structure with `python -c` commands in place of the trainer CLIs."""
+    run_dir = f"{MOUNT}/{{{{workflow.parameters.git-sha}}}}"
+    if fold_args is None:
+        fold_args = ["{{inputs.parameters.fold}}", "{{retries}}", f"{run_dir}/fold{{{{inputs.parameters.fold}}}}",
+                     f"{MOUNT}/fxcache"]  # fmt: skip
+    return T.render(
+        cfg,
+        features=T.features_template(cfg, command=["python", "-c", FEATURES_CODE], args=[f"{MOUNT}/fxcache"]),
+        train_fold=T.train_fold_template(cfg, command=["python", "-c", fold_code], args=fold_args),
+        report=T.report_template(cfg, command=["python", "-c", REPORT_CODE], args=[run_dir]),
+    )
+
+
+FAST = T.TemplateConfig(backoff_duration="300ms", backoff_cap="1s", retry_limit=2)
+
+
+def run(tmp_path: Path, cfg=FAST, folds: int = 3, parallelism: int = 3, env=None, wt=None, **kw):
+    log = io.StringIO()
+    opts = LocalOptions(run_root=tmp_path / "runs", parallelism=parallelism, env=env or {}, log=log, **kw)
+    res = run_local(wt or fake_template(cfg), {"git-sha": SHA, "folds": str(folds)}, opts)
+    return res, log.getvalue()
+
+
+def codes(res, node: str) -> list[int | None]:
+    return [a.exit_code for a in res.nodes[node].attempts]
+
+
+def test_local_dag_runs_features_then_every_fold_then_report_on_the_run_root(tmp_path):
+    res, log = run(tmp_path)
+    assert res.succeeded
+    assert list(res.nodes) == ["features", "train-fold(0)", "train-fold(1)", "train-fold(2)", "report"]
+    run_dir = tmp_path / "runs" / SHA
+    for fold in range(3):
+        assert json.loads((run_dir / f"fold{fold}" / "result.json").read_text()) == {"fold": fold, "attempt": 0}
+    # report ran after all folds had written their results
+    assert json.loads((run_dir / "summary.json").read_text()) == {"folds": ["fold0", "fold1", "fold2"]}
+    for fold in range(3):
+        assert f'train-fold({fold}) {{"event": "fake-train", "fold": {fold}, "attempt": 0}}' in log.splitlines()
+    assert (tmp_path / "runs" / "logs" / res.workflow_name / "train-fold_1_.attempt0.log").exists()
+
+
+@pytest.mark.parametrize("first_exit", [137, 143, 1])
+def test_retryable_exit_is_retried_after_the_backoff_and_then_succeeds(tmp_path, first_exit):
+    t0 = time.monotonic()
+    res, log = run(tmp_path, env={"PLAN": json.dumps({"1": [first_exit]})})
+    assert res.succeeded
+    assert codes(res, "train-fold(1)") == [first_exit, 0]
+    assert codes(res, "train-fold(0)") == [0]
+    assert 'train-fold(1) {"event": "fake-train", "fold": 1, "attempt": 1}' in log
+    assert "retrying in 0.30s" in log
+    assert time.monotonic() - t0 >= 0.3
+
+
+@pytest.mark.parametrize("exit_code", [2, 3])
+def test_exit_2_or_3_is_never_retried_and_the_report_never_runs(tmp_path, exit_code):
+    res, _ = run(tmp_path, env={"PLAN": json.dumps({"0": [exit_code, 0]})})
+    assert not res.succeeded
+    assert codes(res, "train-fold(0)") == [exit_code]
+    assert res.nodes["train-fold(0)"].phase == "Failed"
+    assert res.nodes["report"].phase == "Omitted" and res.nodes["report"].attempts == []
+    assert res.failed_exit_code() == exit_code
+
+
+def test_retry_limit_bounds_the_attempts(tmp_path):
+    cfg = T.TemplateConfig(backoff_duration="10ms", retry_limit=2)
+    res, _ = run(tmp_path, cfg=cfg, folds=1, env={"PLAN": json.dumps({"0": [1, 1, 1, 1]})})
+    assert codes(res, "train-fold(0)") == [1, 1, 1]  # limit 2 -> 3 attempts in all
+    assert not res.succeeded
+
+
+def test_backoff_grows_by_factor_and_is_capped():
+    from workflows.local import Attempt, _Runner
+
+    rs = {"limit": 10, "retryPolicy": "Always", "backoff": {"duration": "1s", "factor": 2, "cap": "5s", "maxDuration": "1m"}}
+    failed = Attempt(0, 1, "Failed", "Error (exit code 1)", 1.0)
+    waits = [_Runner._retry_wait_s(rs, failed, n, 10, elapsed_s=0.0) for n in range(5)]
+    assert waits == [1.0, 2.0, 4.0, 5.0, 5.0]
+    assert _Runner._retry_wait_s(rs, failed, 0, 10, elapsed_s=59.5) is None  # past maxDuration
+    assert _Runner._retry_wait_s({**rs, "retryPolicy": "OnError"}, failed, 0, 10, 0.0) is None
+
+
+def test_parallelism_bounds_how_many_folds_run_at_once(tmp_path):
+    # Each fold registers itself in a shared folder for 0.6 s and records the most peers it saw.
+    code = r"""
+import os, sys, time
+d, fold = sys.argv[1], sys.argv[2]
+os.makedirs(d, exist_ok=True)
+me = os.path.join(d, fold); open(me, "w").close()
+seen, end = 0, time.monotonic() + 0.6
+while time.monotonic() < end:
+    seen = max(seen, len([n for n in os.listdir(d) if not n.startswith("max")])); time.sleep(0.02)
+os.remove(me)
+open(os.path.join(d, "max" + fold), "w").write(str(seen))
+"""
+    peers = tmp_path / "peers"
+    for parallelism, expect in ((1, {1}), (3, {3})):
+        for f in peers.glob("*"):
+            f.unlink()
+        wt = fake_template(FAST, fold_code=code, fold_args=[str(peers), "{{inputs.parameters.fold}}"])
+        res, _ = run(tmp_path, parallelism=parallelism, wt=wt)
+        assert res.succeeded
+        assert {int(f.read_text()) for f in peers.glob("max*")} == expect, f"parallelism={parallelism}"
+
+
+def test_fold_mutex_keeps_two_runs_of_the_same_commit_off_the_same_fold(tmp_path):
+    code = r"""
+import sys, time
+t0 = time.time(); time.sleep(0.5)
+open(sys.argv[1], "a").write(f"{t0} {time.time()}\n")
+"""
+    spans = tmp_path / "spans.txt"
+    wt = fake_template(FAST, fold_code=code, fold_args=[str(spans)])
+    results = []
+    threads = [threading.Thread(target=lambda: results.append(run(tmp_path, folds=1, wt=wt)[1])) for _ in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    (a0, a1), (b0, b1) = sorted(tuple(map(float, line.split())) for line in spans.read_text().splitlines())
+    assert a1 <= b0, "the two fold-0 processes overlapped despite the mutex"
+    assert any(f"waiting for mutex alpha-rl-{SHA}-fold0" in log for log in results)
+
+
+def test_attempt_deadline_sends_sigterm_then_the_retry_succeeds(tmp_path):
+    code = r"""
+import signal, sys, time
+if int(sys.argv[1]) == 0:
+    signal.signal(signal.SIGTERM, lambda *a: sys.exit(143))  # "checkpoint, then exit 143"
+    print("ready", flush=True); time.sleep(60)
+"""
+    cfg = T.TemplateConfig(train_deadline_s=1, termination_grace_s=10, backoff_duration="10ms")
+    wt = fake_template(cfg, fold_code=code, fold_args=["{{retries}}"])
+    t0 = time.monotonic()
+    res, _ = run(tmp_path, cfg=cfg, folds=1, wt=wt)
+    assert res.succeeded
+    first, second = res.nodes["train-fold(0)"].attempts
+    assert first.exit_code == 143 and "deadline" in first.message
+    assert second.exit_code == 0
+    assert time.monotonic() - t0 < 10  # ended by SIGTERM, not by the grace-period SIGKILL
+
+
+def test_workflow_parameters_are_checked(tmp_path):
+    wt = fake_template(FAST)
+    with pytest.raises(ValueError, match="git-sha"):
+        run_local(wt, {}, LocalOptions(run_root=tmp_path))
+    with pytest.raises(ValueError, match="n-stepz"):
+        run_local(wt, {"git-sha": SHA, "n-stepz": "1"}, LocalOptions(run_root=tmp_path))
+    with pytest.raises(ValueError, match="parallelism"):
+        LocalOptions(parallelism=0)
+
+
+def test_substitute_and_durations():
+    assert substitute(["a{{x}}b", {"{{x}}": "{{ y }}"}], {"x": "1", "y": "2"}) == ["a1b", {"1": "2"}]
+    with pytest.raises(ValueError, match="nope"):
+        substitute("{{nope}}", {})
+    assert [parse_duration_s(d) for d in ("30s", "2m", "1h30m", "250ms", "5", 7)] == [30, 120, 5400, 0.25, 5, 7]
+    with pytest.raises(ValueError):
+        parse_duration_s("3 days")
+
+
+@pytest.mark.skipif(memory_cgroup_parent() is None, reason="no writable cgroup-v1 memory hierarchy on this machine")
+def test_memory_limit_gives_a_real_oom_kill_137_that_is_retried(tmp_path):
+    # Attempt 0 writes 400 MiB into a 160 MiB cgroup: the kernel OOM-kills it. Attempt 1 stays small.
+    code = r"""
+import sys
+if int(sys.argv[1]) == 0:
+    chunks = [b"x" * (16 << 20) for _ in range(25)]
+print("fits", flush=True)
+"""
+    parent = memory_cgroup_parent()
+    before = set(parent.iterdir())
+    wt = fake_template(FAST, fold_code=code, fold_args=["{{retries}}"])
+    res, log = run(tmp_path, folds=1, wt=wt, memory_limit_bytes=160 << 20)
+    first, second = res.nodes["train-fold(0)"].attempts
+    assert first.exit_code == 137 and first.oom_killed and first.message == "OOMKilled (exit code 137)"
+    assert second.exit_code == 0 and not second.oom_killed
+    assert res.succeeded and "train-fold(0) fits" in log
+    assert set(parent.iterdir()) == before  # every per-attempt cgroup removed
+
+
+def test_launch_drops_empty_flags_logs_the_attempt_and_execs_with_its_exit_code(tmp_path):
+    assert drop_empty_flags(["--a", "", "--b", "1", "--c", "", "x"]) == ["--b", "1", "x"]
+    (tmp_path / "fake_trainer.py").write_text("import sys, json; print(json.dumps(sys.argv[1:])); sys.exit(7)")
+    env = {**os.environ, "PYTHONPATH": f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}"}
+    proc = subprocess.run(
+        [sys.executable, "-m", "workflows.launch", "fake_trainer", "--fold", "2", "--n-steps", "", "--attempt", "1"],
+        capture_output=True, text=True, env=env,
+    )  # fmt: skip
+    assert proc.returncode == 7
+    first, second = proc.stdout.splitlines()
+    assert json.loads(first) | {"time_unix_s": 0} == {
+        "event": "attempt", "fold": "2", "attempt": 1, "module": "fake_trainer", "fold_dir": None, "time_unix_s": 0,
+    }  # fmt: skip
+    assert json.loads(second) == ["--fold", "2", "--attempt", "1"]

@@ -1,0 +1,122 @@
+"""`python -m workflows.submit`: dry-run output, refusals and their exit codes, sha resolution, parameters."""
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from workflows.submit import _parser, resolve_sha, workflow_parameters
+
+ROOT = Path(__file__).resolve().parents[1]
+SHA = "feedbee1234"
+
+
+def cli(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout_s: float = 120) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "workflows.submit", *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+        text=True, cwd=cwd, env={**os.environ, **(env or {})}, start_new_session=True,
+    )  # fmt: skip
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        # SIGTERM makes a --local runner stop its task processes (grace period) before it exits.
+        os.killpg(proc.pid, signal.SIGTERM)
+        out, err = proc.communicate(timeout=180)
+        pytest.fail(f"submit timed out after {timeout_s}s:\n{out[-3000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+
+
+def test_dry_run_prints_the_template_and_a_workflow_referencing_it():
+    proc = cli("--folds", "2", "--sha", SHA, "--n-steps", "500", "--namespace", "research", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    template, workflow = yaml.safe_load_all(proc.stdout)
+    assert template["kind"] == "WorkflowTemplate" and template["metadata"]["name"] == "alpha-rl"
+    assert workflow["kind"] == "Workflow"
+    assert workflow["metadata"]["generateName"] == "alpha-rl-"
+    assert workflow["metadata"]["namespace"] == "research"
+    assert workflow["metadata"]["labels"]["alpha-rl/git-sha"] == SHA
+    assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl"}
+    params = {p["name"]: p["value"] for p in workflow["spec"]["arguments"]["parameters"]}
+    assert params == {"git-sha": SHA, "folds": "2", "image": f"ghcr.io/alpha-rl/alpha-rl-trainer:{SHA}", "n-steps": "500"}
+
+
+def test_preset_clears_size_parameters_unless_given_explicitly():
+    ns = _parser().parse_args(["--preset", "smoke", "--n-steps", "77"])
+    params = workflow_parameters(ns, SHA)
+    assert params["preset"] == "smoke" and params["n-steps"] == "77"
+    assert params["n-backtests"] == "" and params["per-capacity"] == ""  # the trainer's preset decides
+    ns = _parser().parse_args(["--image", "reg/x:1"])
+    params = workflow_parameters(ns, SHA)
+    assert params["image"] == "reg/x:1" and "preset" not in params and "n-steps" not in params
+
+
+@pytest.mark.parametrize("folds", ["0", "-1"])
+def test_fewer_than_one_fold_is_refused_with_exit_2(folds):
+    proc = cli("--folds", folds, "--sha", SHA, "--dry-run")
+    assert proc.returncode == 2
+    assert proc.stderr.strip() == f"error: ValueError: --folds must be >= 1, got {folds}"
+
+
+def test_no_kubeconfig_gives_a_clear_one_line_error_and_exit_2(tmp_path):
+    env = {"KUBECONFIG": str(tmp_path / "missing-kubeconfig"), "HOME": str(tmp_path), "KUBERNETES_SERVICE_HOST": ""}
+    proc = cli("--sha", SHA, env=env)
+    assert proc.returncode == 2
+    lines = proc.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("error: no Kubernetes cluster configured")
+    assert "--local" in lines[0] and "Traceback" not in proc.stderr
+
+
+def test_bad_sha_is_refused():
+    proc = cli("--sha", "HEAD~1", "--dry-run")
+    assert proc.returncode == 2 and "--sha must be 7-40" in proc.stderr
+
+
+def _git(repo: Path, *args: str) -> str:
+    return subprocess.run(["git", "-C", str(repo), *args], capture_output=True, text=True, check=True).stdout.strip()
+
+
+def test_sha_defaults_to_head_and_a_dirty_tree_is_refused_unless_allowed(tmp_path):
+    repo = tmp_path / "repo"
+    repo.mkdir()
+    _git(repo, "init", "-q")
+    (repo / "a.txt").write_text("1")
+    _git(repo, "add", "a.txt")
+    _git(repo, "-c", "user.email=t@t", "-c", "user.name=t", "commit", "-q", "-m", "c")
+    head = _git(repo, "rev-parse", "HEAD")
+    assert resolve_sha(repo, None, allow_dirty=False) == head
+    (repo / "a.txt").write_text("2")
+    with pytest.raises(ValueError, match="uncommitted changes.*a.txt"):
+        resolve_sha(repo, None, allow_dirty=False)
+    assert resolve_sha(repo, None, allow_dirty=True) == head
+    assert resolve_sha(repo, "abcdef1", allow_dirty=False) == "abcdef1"
+    with pytest.raises(ValueError, match="cannot read git HEAD"):
+        resolve_sha(tmp_path / "not-a-repo", None, allow_dirty=False)
+
+
+def _runnable(module: str) -> bool:
+    """`python -m module` would run: a plain module, or a package with a __main__."""
+    spec = importlib.util.find_spec(module)
+    if spec is None or spec.submodule_search_locations is None:
+        return spec is not None
+    return importlib.util.find_spec(f"{module}.__main__") is not None
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    not all(_runnable(f"trainer.{m}") for m in ("features", "train", "report")),
+    reason="the trainer CLIs (trainer.features / trainer.train / trainer.report) are not in the tree yet",
+)
+def test_local_smoke_run_of_the_real_trainer_dag(tmp_path):
+    proc = cli("--folds", "2", "--local", "--sha", SHA, "--run-root", str(tmp_path), "--n-steps", "64", timeout_s=600)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    for fold in range(2):
+        json.loads((tmp_path / SHA / f"fold{fold}" / "result.json").read_text())
+    assert (tmp_path / SHA / "summary.json").exists()
+    assert any(line.startswith("train-fold(1) ") for line in proc.stdout.splitlines())

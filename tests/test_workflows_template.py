@@ -1,0 +1,293 @@
+"""The rendered alpha-rl WorkflowTemplate: golden YAML, Argo schemas, key allowlist, pod settings, k8s manifests."""
+from __future__ import annotations
+
+import copy
+import json
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+
+from workflows import template as T
+from workflows.submit import build_workflow
+
+ROOT = Path(__file__).resolve().parents[1]
+K8S = ROOT / "infra" / "k8s"
+
+
+def _load(path: Path):
+    return yaml.load(path.read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
+
+
+@pytest.fixture(scope="module")
+def crd_schemas(shared_data) -> dict[str, dict]:
+    out = {}
+    for kind, fname in (("WorkflowTemplate", "workflowtemplates-crd.yaml"), ("Workflow", "workflows-crd.yaml")):
+        crd = _load(shared_data / "argo" / fname)
+        (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1alpha1"]
+        out[kind] = version["schema"]["openAPIV3Schema"]
+    return out
+
+
+@pytest.fixture(scope="module")
+def argo_json_schema(shared_data) -> dict:
+    schema = json.loads((shared_data / "argo" / "schema.json").read_text())
+    # schema.json types int-or-string as string only (README of the data); Kubernetes accepts both.
+    schema["definitions"]["io.k8s.apimachinery.pkg.util.intstr.IntOrString"] = {"type": ["integer", "string"]}
+    return schema
+
+
+def unknown_keys(instance, schema: dict, path: str = "") -> list[str]:
+    """Keys the structural schema does not declare. The API server prunes such keys silently, so a typo
+    like `retryStratgy` passes validation and simply vanishes: this allowlist makes it an error."""
+    found: list[str] = []
+    if isinstance(instance, dict) and schema.get("type") == "object":
+        if schema.get("x-kubernetes-preserve-unknown-fields"):
+            return found
+        props = schema.get("properties")
+        extra = schema.get("additionalProperties")
+        for key, value in instance.items():
+            if props is not None and key in props:
+                found += unknown_keys(value, props[key], f"{path}.{key}")
+            elif isinstance(extra, dict):
+                found += unknown_keys(value, extra, f"{path}.{key}")
+            elif props is not None:
+                found.append(f"{path}.{key}")
+    elif isinstance(instance, list) and "items" in schema:
+        for i, item in enumerate(instance):
+            found += unknown_keys(item, schema["items"], f"{path}[{i}]")
+    return found
+
+
+def _tpl(rendered: dict, name: str) -> dict:
+    (t,) = [t for t in rendered["spec"]["templates"] if t["name"] == name]
+    return t
+
+
+# ---- golden YAML -----------------------------------------------------------------------------------
+
+
+def test_committed_template_yaml_matches_the_hera_rendering():
+    committed = T.RENDERED_PATH.read_text()
+    assert committed == T.render_yaml(), (
+        "infra/k8s/argo/alpha-rl-template.yaml differs from workflows/template.py; "
+        "regenerate with `python -m workflows.template --write` and review the diff"
+    )
+
+
+def test_write_rendered_replaces_the_file_atomically(tmp_path):
+    target = tmp_path / "argo" / "t.yaml"
+    T.write_rendered(target)
+    assert _load(target) == T.render()
+    assert [p.name for p in target.parent.iterdir()] == ["t.yaml"]  # no temp file left behind
+
+
+# ---- schemas and allowlist ---------------------------------------------------------------------------
+
+
+def test_rendered_template_validates_against_the_workflowtemplate_crd(crd_schemas):
+    errors = [e.message for e in jsonschema.Draft7Validator(crd_schemas["WorkflowTemplate"]).iter_errors(T.render())]
+    assert errors == []
+
+
+def test_rendered_template_validates_against_argo_json_schema(argo_json_schema):
+    schema = {**argo_json_schema, "$ref": "#/definitions/io.argoproj.workflow.v1alpha1.WorkflowTemplate"}
+    schema.pop("oneOf")
+    errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(T.render())]
+    assert errors == []
+
+
+def test_rendered_template_uses_only_keys_the_crd_declares(crd_schemas):
+    assert unknown_keys(T.render(), crd_schemas["WorkflowTemplate"]) == []
+
+
+def test_allowlist_catches_a_typo_that_the_crd_schema_accepts(crd_schemas):
+    bad = T.render()
+    train = _tpl(bad, "train-fold")
+    train["retryStratgy"] = train.pop("retryStrategy")
+    train["container"]["volumeMount"] = train["container"].pop("volumeMounts")
+    validator = jsonschema.Draft7Validator(crd_schemas["WorkflowTemplate"])
+    assert list(validator.iter_errors(bad)) == []  # the schema alone lets both typos through
+    assert unknown_keys(bad, crd_schemas["WorkflowTemplate"]) == [
+        ".spec.templates[2].container.volumeMount",
+        ".spec.templates[2].retryStratgy",
+    ]
+
+
+def test_crd_schema_rejects_a_wrong_type(crd_schemas):
+    bad = T.render()
+    _tpl(bad, "train-fold")["retryStrategy"]["limit"] = [5]
+    assert list(jsonschema.Draft7Validator(crd_schemas["WorkflowTemplate"]).iter_errors(bad))
+
+
+def test_submitted_workflow_validates_against_the_workflow_crd(crd_schemas):
+    wf = build_workflow({"git-sha": "a" * 40, "folds": "3", "image": "r/alpha-rl-trainer:" + "a" * 40}, "alpha-rl")
+    errors = [e.message for e in jsonschema.Draft7Validator(crd_schemas["Workflow"]).iter_errors(wf)]
+    assert errors == []
+    assert unknown_keys(wf, crd_schemas["Workflow"]) == []
+    declared = {p["name"] for p in T.render()["spec"]["arguments"]["parameters"]}
+    assert {p["name"] for p in wf["spec"]["arguments"]["parameters"]} <= declared
+
+
+# ---- what the pods get -----------------------------------------------------------------------------
+
+
+def test_dag_wires_features_then_one_train_task_per_fold_then_report():
+    rendered = T.render()
+    tasks = {t["name"]: t for t in _tpl(rendered, "main")["dag"]["tasks"]}
+    assert set(tasks) == {"features", "train-fold", "report"}
+    assert "depends" not in tasks["features"]
+    assert tasks["train-fold"]["depends"] == "features"
+    assert tasks["train-fold"]["withSequence"] == {"count": "{{workflow.parameters.folds}}"}
+    assert tasks["train-fold"]["arguments"]["parameters"] == [{"name": "fold", "value": "{{item}}"}]
+    assert tasks["report"]["depends"] == "train-fold"
+
+
+def test_parameters_and_defaults_match_the_issue():
+    params = {p["name"]: p.get("value") for p in T.render()["spec"]["arguments"]["parameters"]}
+    assert params["git-sha"] is None  # required
+    assert params["folds"] == "3" and params["n-steps"] == "25000" and params["n-backtests"] == "1024"
+    assert params["per-capacity"] == "65536" and params["gpu-pool"] == "ci-training-h100"
+    assert {"image", "pool-label-key", "data", "pvc", "fold-mode"} <= set(params)
+
+
+def test_train_pod_lands_on_the_gpu_pool_with_guaranteed_memory_and_one_gpu():
+    train = _tpl(T.render(), "train-fold")
+    assert train["nodeSelector"] == {"{{workflow.parameters.pool-label-key}}": "{{workflow.parameters.gpu-pool}}"}
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in train["tolerations"]
+    res = train["container"]["resources"]
+    assert res["requests"]["nvidia.com/gpu"] == res["limits"]["nvidia.com/gpu"] == "1"
+    assert res["requests"]["memory"] == res["limits"]["memory"] == T.DEFAULTS.train_memory
+
+
+def test_train_run_path_uses_only_sha_and_fold_so_retries_find_checkpoints():
+    train = _tpl(T.render(), "train-fold")
+    args = train["container"]["args"]
+    mount = T.DEFAULTS.mount_path
+    assert args[args.index("--run-dir") + 1] == f"{mount}/{{{{workflow.parameters.git-sha}}}}"
+    env = {e["name"]: e["value"] for e in train["container"]["env"]}
+    assert env["ALPHA_RL_FOLD_DIR"] == f"{mount}/{{{{workflow.parameters.git-sha}}}}/fold{{{{inputs.parameters.fold}}}}"
+    text = json.dumps(train)
+    assert "workflow.name" not in text and "pod.name" not in text and "node.name" not in text
+    assert args[args.index("--attempt") + 1] == "{{retries}}"
+    assert {"name": "runs", "mountPath": mount} in train["container"]["volumeMounts"]
+
+
+def test_every_container_mounts_the_pvc_explicitly():
+    rendered = T.render()
+    (claim,) = [v for v in rendered["spec"]["volumes"] if "persistentVolumeClaim" in v]
+    assert claim["persistentVolumeClaim"]["claimName"] == "{{workflow.parameters.pvc}}"
+    for name in ("features", "train-fold", "report"):
+        mounts = _tpl(rendered, name)["container"]["volumeMounts"]
+        assert {"name": claim["name"], "mountPath": T.DEFAULTS.mount_path} in mounts
+
+
+def test_retry_strategy_is_always_with_limit_backoff_and_expression():
+    for name in ("features", "train-fold", "report"):
+        rs = _tpl(T.render(), name)["retryStrategy"]
+        assert rs["retryPolicy"] == "Always"
+        assert rs["limit"] == T.DEFAULTS.retry_limit
+        assert rs["backoff"] == {"duration": "30s", "factor": 2, "cap": "10m", "maxDuration": "2h"}
+        assert rs["expression"] == T.RETRY_EXPRESSION
+
+
+def test_per_fold_mutex_deadlines_pod_gc_and_grace_period():
+    rendered = T.render()
+    train = _tpl(rendered, "train-fold")
+    assert train["synchronization"] == {
+        "mutexes": [{"name": "alpha-rl-{{workflow.parameters.git-sha}}-fold{{inputs.parameters.fold}}"}]
+    }
+    assert train["activeDeadlineSeconds"] == T.DEFAULTS.train_deadline_s
+    assert rendered["spec"]["activeDeadlineSeconds"] == T.DEFAULTS.workflow_deadline_s
+    assert rendered["spec"]["podGC"] == {"strategy": "OnPodSuccess"}
+    assert json.loads(train["podSpecPatch"]) == {"terminationGracePeriodSeconds": T.DEFAULTS.termination_grace_s}
+
+
+def test_pods_are_hardened_and_have_no_sidecars():
+    rendered = T.render()
+    assert rendered["spec"]["serviceAccountName"] == T.DEFAULTS.service_account
+    for name in ("features", "train-fold", "report"):
+        t = _tpl(rendered, name)
+        sc = t["container"]["securityContext"]
+        assert sc["runAsNonRoot"] is True and sc["allowPrivilegeEscalation"] is False
+        assert sc["readOnlyRootFilesystem"] is True and sc["capabilities"] == {"drop": ["ALL"]}
+        assert t["securityContext"]["runAsNonRoot"] is True
+        mounts = {m["mountPath"]: m["name"] for m in t["container"]["volumeMounts"]}
+        assert "/tmp" in mounts and "/dev/shm" in mounts
+        assert t["serviceAccountName"] == T.DEFAULTS.service_account
+        assert "sidecars" not in t and "initContainers" not in t
+    vols = {v["name"]: v for v in rendered["spec"]["volumes"]}
+    assert vols["dshm"]["emptyDir"]["medium"] == "Memory" and "emptyDir" in vols["tmp"]
+
+
+def test_template_config_refuses_bad_values_naming_the_field():
+    with pytest.raises(ValueError, match="retry_limit"):
+        T.TemplateConfig(retry_limit=-1)
+    with pytest.raises(ValueError, match="mount_path"):
+        T.TemplateConfig(mount_path="/tmp")
+    with pytest.raises(ValueError, match="train_deadline_s"):
+        T.TemplateConfig(train_deadline_s=0)
+
+
+def test_builders_take_the_command_so_tests_reuse_the_same_structure():
+    cfg = T.TemplateConfig(backoff_duration="1s")
+    custom = T.train_fold_template(cfg, command=["python", "-c", "pass"], args=["{{inputs.parameters.fold}}"])
+    rendered = T.render(cfg, train_fold=custom)
+    train = _tpl(rendered, "train-fold")
+    assert train["container"]["command"] == ["python", "-c", "pass"]
+    assert train["retryStrategy"]["backoff"]["duration"] == "1s"
+    assert train["synchronization"] == _tpl(T.render(), "train-fold")["synchronization"]
+
+
+# ---- infra/k8s manifests ---------------------------------------------------------------------------
+
+
+def _k8s_docs() -> list[tuple[Path, dict]]:
+    return [(p, d) for p in sorted(K8S.glob("*.yaml")) for d in yaml.safe_load_all(p.read_text()) if d]
+
+
+def test_k8s_manifests_pass_kubernetes_validate_strict():
+    import kubernetes_validate
+
+    kinds = set()
+    for path, doc in _k8s_docs():
+        kubernetes_validate.validate(doc, "1.30", strict=True)
+        kinds.add(doc["kind"])
+    assert kinds == {"Namespace", "PersistentVolumeClaim", "ServiceAccount", "Role", "RoleBinding"}
+
+
+def test_kubernetes_validate_strict_rejects_an_unknown_field():
+    import kubernetes_validate
+
+    (pvc,) = [d for _, d in _k8s_docs() if d["kind"] == "PersistentVolumeClaim"]
+    bad = copy.deepcopy(pvc)
+    bad["spec"]["accesModes"] = bad["spec"].pop("accessModes")
+    with pytest.raises(kubernetes_validate.ValidationError):
+        kubernetes_validate.validate(bad, "1.30", strict=True)
+
+
+def test_kubernetes_validate_works_without_network():
+    unshare = shutil.which("unshare")
+    if unshare is None or subprocess.run([unshare, "-n", "true"], capture_output=True).returncode != 0:
+        pytest.skip("cannot create a network namespace here (needs unshare and CAP_SYS_ADMIN)")
+    cli = Path(sys.executable).with_name("kubernetes-validate")
+    proc = subprocess.run(
+        [unshare, "-n", str(cli), "--strict", *map(str, sorted(K8S.glob("*.yaml")))], capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert proc.stdout.count("passed") == 5
+
+
+def test_pvc_is_read_write_many_and_rbac_is_least_privilege():
+    docs = {d["kind"]: d for _, d in _k8s_docs()}
+    assert docs["PersistentVolumeClaim"]["spec"]["accessModes"] == ["ReadWriteMany"]
+    assert docs["PersistentVolumeClaim"]["metadata"]["name"] == T.PARAMETER_DEFAULTS["pvc"]
+    assert docs["Role"]["rules"] == [
+        {"apiGroups": ["argoproj.io"], "resources": ["workflowtaskresults"], "verbs": ["create", "patch"]}
+    ]
+    assert docs["ServiceAccount"]["metadata"]["name"] == T.DEFAULTS.service_account
+    assert docs["RoleBinding"]["subjects"][0]["name"] == T.DEFAULTS.service_account

@@ -1,0 +1,42 @@
+"""Action selection from the C51 logits, one action per branch.
+
+Evaluation (explore=False): argmax of E[Q] per branch; deterministic.
+Training (explore=True): Thompson sampling on EVERY branch. For each (env, branch, action) one
+return is drawn from that action's categorical over atoms (inverse CDF with one torch.rand), and
+the action with the largest draw is taken. Exploration therefore concentrates on actions whose
+return distributions overlap the best one, and needs no ε schedule. Ties between equal atoms are
+broken uniformly at random by adding a jitter in [0, Δz/2) to each draw: it cannot reorder draws
+on different atoms (they differ by >= Δz) and avoids argmax's bias towards the lowest index.
+Padded actions (`action_mask` False) get -inf and are never chosen.
+
+No host syncs, fixed shapes, no branching on tensor values: CUDA-graph capturable. The random
+draws come from the default generator of the logits' device (generator-free, so a captured graph
+replays with fresh numbers through PyTorch's graph-safe Philox offsets).
+"""
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from trainer.agent.network import expected_q
+
+
+def thompson_returns(logits: Tensor, support: Tensor) -> Tensor:
+    """One return drawn per action from softmax(logits) on the support, plus a tie-breaking jitter
+    in [0, Δz/2). logits (..., N) -> (...)."""
+    n_atoms = support.shape[-1]
+    cdf = torch.softmax(logits, dim=-1).cumsum(-1)  # (..., N)
+    u = torch.rand(cdf.shape[:-1] + (1,), device=cdf.device, dtype=cdf.dtype)  # (..., 1)
+    # Inverse CDF: the first atom whose CDF reaches u. The final CDF entry can round below 1, so clamp.
+    atom = (cdf < u).sum(-1).clamp(max=n_atoms - 1)  # (...) int64
+    delta_z = (support[-1] - support[0]) / (n_atoms - 1)
+    jitter = torch.rand(atom.shape, device=cdf.device, dtype=cdf.dtype) * (0.5 * delta_z)
+    return support[atom] + jitter
+
+
+def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore: bool) -> Tensor:
+    """logits (B, n_branches, A_max, N); support (N,); action_mask (n_branches, A_max) bool.
+    Returns actions (B, n_branches) int64: Thompson draws when `explore`, else argmax E[Q]."""
+    score = thompson_returns(logits, support) if explore else expected_q(logits, support)  # (B, nb, A_max)
+    score = score.masked_fill(~action_mask, float("-inf"))
+    return score.argmax(dim=-1)

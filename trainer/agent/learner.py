@@ -1,0 +1,180 @@
+"""Learner: online + target Q-networks, AdamW, controllers, kill monitor, and the C51 update.
+
+One `update(batch)` is: double-DQN C51 target per branch (the online net picks a* = argmax E[Q]
+at x' per branch, the target net's distribution of a* is projected through r + γⁿ z), per-branch
+cross-entropy against the online logits of the taken action, averaged over branches, weighted by
+the importance weights; backward; adaptive clip; AdamW step; Polyak target update; controller
+and kill-monitor statistics. Everything stays on the device: no host syncs, no data-dependent
+shapes and no Python branching on tensor values, so the whole update can be captured in a CUDA
+graph (AdamW runs with `capturable=True` and a 0-dim tensor lr on CUDA; gradients are zeroed in
+place, never set to None, so their storage is stable across replays).
+"""
+from __future__ import annotations
+
+import copy
+from typing import NamedTuple
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from trainer.agent.act import select_actions
+from trainer.agent.c51 import project_distribution
+from trainer.agent.config import AgentConfig
+from trainer.agent.controllers import Controllers
+from trainer.agent.kill import KillMonitor
+from trainer.agent.network import QNetwork, expected_q
+
+OPTIM_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
+
+
+class Batch(NamedTuple):
+    """One replay sample; `Learner.update` also accepts the plain 8-tuple in this order."""
+    obs: Tensor  # (B, W, F) float32
+    env_state: Tensor  # (B, S) float32
+    actions: Tensor  # (B, n_branches) int64
+    returns: Tensor  # (B,) n-step discounted return
+    discounts: Tensor  # (B,) γⁿ (1 - done)
+    next_obs: Tensor  # (B, W, F)
+    next_env_state: Tensor  # (B, S)
+    weights: Tensor  # (B,) importance-sampling weights
+
+
+class Learner:
+    def __init__(self, net: QNetwork, cfg: AgentConfig, device: torch.device | str, adaptive: bool = True):
+        """`adaptive=False` freezes lr, clip and tau at cfg.lr, cfg.clip_init and cfg.tau."""
+        self.cfg = cfg
+        self.device = torch.device(device)
+        self.online = net.to(self.device)
+        self.target = copy.deepcopy(self.online).requires_grad_(False)
+        self.params = list(self.online.parameters())
+        self.target_params = list(self.target.parameters())
+        self.controllers = Controllers(cfg, self.device, adaptive=adaptive)
+        self.kill = KillMonitor(cfg, self.device)
+        on_accel = self.device.type != "cpu"
+        # capturable=True keeps AdamW's step counters on the device and reads the tensor lr there, so
+        # the step can be graph-captured; PyTorch only allows it (and foreach with a tensor lr) off CPU.
+        self.optimizer = torch.optim.AdamW(self.params, lr=self.controllers.lr, betas=(0.9, 0.999),
+                                           eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
+                                           capturable=on_accel, foreach=on_accel)
+        self.update_step = torch.zeros((), dtype=torch.int64, device=self.device)
+
+    # ----------------------------------------------------------------------------------------------
+    @torch.no_grad()
+    def act(self, obs: Tensor, env_state: Tensor, explore: bool) -> Tensor:
+        """Actions (B, n_branches) int64 from the online net (Thompson when `explore`, else greedy)."""
+        logits = self.online(obs, env_state)
+        return select_actions(logits, self.online.support, self.online.action_mask, explore)
+
+    @torch.no_grad()
+    def polyak_update(self, tau: Tensor | float) -> None:
+        """θ_target ← θ_target + τ (θ_online - θ_target). τ = 1 copies exactly (lerp computes
+        end - (end - start)(1 - w) for w >= 0.5), τ = 0 leaves the target untouched."""
+        torch._foreach_lerp_(self.target_params, self.params, tau)
+
+    def update(self, batch: Batch | tuple[Tensor, ...]) -> dict[str, Tensor]:
+        """One gradient step. Returns 0-dim device tensors (loss, q_mean, grad_norm, lr, clip, tau,
+        td_error_mean) and `priorities` (B,), the per-item cross-entropy for the replay."""
+        obs, env_state, actions, returns, discounts, next_obs, next_env_state, weights = batch
+        batch_size = obs.shape[0]
+        n_branches, n_atoms = self.cfg.n_branches, self.cfg.n_atoms
+        support, mask = self.online.support, self.online.action_mask
+
+        # --- target distribution: double DQN, per branch, projected (no grad) ---------------------
+        with torch.no_grad():
+            next_q = expected_q(self.online(next_obs, next_env_state), support)  # (B, nb, A_max)
+            next_a = next_q.masked_fill(~mask, float("-inf")).argmax(-1)  # (B, nb)
+            next_logits = self.target(next_obs, next_env_state)  # (B, nb, A_max, N)
+            idx = next_a[..., None, None].expand(batch_size, n_branches, 1, n_atoms)
+            next_probs = torch.softmax(next_logits.gather(2, idx).squeeze(2), dim=-1)  # (B, nb, N)
+            target = project_distribution(next_probs, returns[:, None].expand(-1, n_branches),
+                                          discounts[:, None].expand(-1, n_branches), support)  # (B, nb, N)
+
+        # --- loss -----------------------------------------------------------------------------------
+        logits = self.online(obs, env_state)  # (B, nb, A_max, N)
+        idx = actions[..., None, None].expand(batch_size, n_branches, 1, n_atoms)
+        taken = logits.gather(2, idx).squeeze(2)  # (B, nb, N)
+        cross_entropy = -(target * F.log_softmax(taken, dim=-1)).sum(-1)  # (B, nb)
+        per_item = cross_entropy.mean(-1)  # (B,) averaged over branches
+        loss = (weights * per_item).mean()
+
+        # --- backward, adaptive clip, AdamW, Polyak ----------------------------------------------------
+        self.optimizer.zero_grad(set_to_none=False)
+        loss.backward()
+        grads = [p.grad for p in self.params]
+        grad_norm = torch.linalg.vector_norm(torch.stack(torch._foreach_norm(grads)))  # 0-dim, pre-clip
+        clip = self.controllers.clip.clone()  # the clip in force for this update
+        finite = torch.isfinite(grad_norm)
+        # A non-finite gradient is zeroed (coef 0, then NaN·0 → 0) so parameters stay finite; the
+        # kill monitor's sticky flag reports it at the next check.
+        coef = torch.where(finite, (clip / (grad_norm + 1e-6)).clamp(max=1.0), 0.0)
+        torch._foreach_mul_(grads, coef)
+        for g in grads:
+            g.nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        lr, tau = self.controllers.lr.clone(), self.controllers.tau.clone()
+        self.optimizer.step()
+        self.polyak_update(tau)
+
+        # --- statistics --------------------------------------------------------------------------------
+        with torch.no_grad():
+            q_mean = expected_q(taken.detach(), support).mean()
+            return_abs = returns.abs().mean()
+            loss_d = loss.detach()
+            self.kill.observe(loss_d, grad_norm, q_mean, return_abs)
+            self.controllers.observe(grad_norm, q_mean, return_abs)
+            self.update_step.add_(1)
+        return {"loss": loss_d, "q_mean": q_mean, "grad_norm": grad_norm, "lr": lr, "clip": clip, "tau": tau,
+                "td_error_mean": per_item.detach().mean(), "priorities": per_item.detach()}
+
+    # ----------------------------------------------------------------------------------------------
+    def state_dict(self) -> dict[str, Tensor]:
+        """Flat name -> tensor map (no pickle): networks, AdamW moments and step counts, controller
+        and kill state, update_step."""
+        sd: dict[str, Tensor] = {"update_step": self.update_step.detach().clone()}
+        for prefix, module in (("online", self.online), ("target", self.target)):
+            for k, v in module.state_dict().items():
+                sd[f"{prefix}.{k}"] = v.detach().clone()
+        for i, p in enumerate(self.params):
+            for k, v in self.optimizer.state.get(p, {}).items():
+                sd[f"optim.{i}.{k}"] = v.detach().clone() if torch.is_tensor(v) else torch.tensor(float(v))
+        for prefix, part in (("controllers", self.controllers), ("kill", self.kill)):
+            for k, v in part.state_dict().items():
+                sd[f"{prefix}.{k}"] = v
+        return sd
+
+    def load_state_dict(self, sd: dict[str, Tensor]) -> None:
+        """Restore in place (tensor identities are kept, so a captured CUDA graph stays valid once the
+        optimiser state exists). Raises ValueError naming the first missing or mismatched key."""
+        def take(prefix: str) -> dict[str, Tensor]:
+            return {k[len(prefix) + 1:]: v for k, v in sd.items() if k.startswith(prefix + ".")}
+
+        for prefix, module in (("online", self.online), ("target", self.target)):
+            own = module.state_dict()
+            got = take(prefix)
+            if set(got) != set(own):
+                raise ValueError(f"learner state '{prefix}': keys differ: missing "
+                                 f"{sorted(set(own) - set(got))[:3]}, unexpected {sorted(set(got) - set(own))[:3]}")
+            for k, v in own.items():
+                if got[k].shape != v.shape:
+                    raise ValueError(f"learner state '{prefix}.{k}': shape {tuple(got[k].shape)} != {tuple(v.shape)}")
+                v.copy_(got[k])
+        capturable = self.optimizer.param_groups[0]["capturable"]
+        for i, p in enumerate(self.params):
+            saved = {k: sd[f"optim.{i}.{k}"] for k in OPTIM_STATE_KEYS if f"optim.{i}.{k}" in sd}
+            if not saved:
+                continue
+            if set(saved) != set(OPTIM_STATE_KEYS):
+                raise ValueError(f"learner state 'optim.{i}': has {sorted(saved)}, needs {OPTIM_STATE_KEYS}")
+            state = self.optimizer.state[p]
+            if state:
+                for k in OPTIM_STATE_KEYS:
+                    state[k].copy_(saved[k])
+            else:
+                # AdamW keeps `step` on the device only when capturable (float32 0-dim either way).
+                step_device = p.device if capturable else torch.device("cpu")
+                state["step"] = saved["step"].to(step_device, torch.float32).clone()
+                state["exp_avg"] = saved["exp_avg"].to(p.device, p.dtype).clone()
+                state["exp_avg_sq"] = saved["exp_avg_sq"].to(p.device, p.dtype).clone()
+        self.controllers.load_state_dict(take("controllers"))
+        self.kill.load_state_dict(take("kill"))
+        self.update_step.copy_(sd["update_step"])

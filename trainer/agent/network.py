@@ -1,0 +1,212 @@
+"""Q-network: a sequence encoder over the feature window + a branching dueling C51 head.
+
+    obs (B, W, F) ──► encoder (Mamba-style selective SSM, or GRU) ──► last position (B, d_model) ─┐
+    env_state (B, S) ───────────────────────────────────────────────────────────────────────────┴► torso (B, H)
+    torso ──► value stream V (B, 1, N)            ─┐
+          └─► advantage stream A_b (B, A_b, N)     ├► logits_b = V + A_b - mean_a A_b    (per atom)
+              one per branch b                    ─┘
+    ──► logits (B, n_branches, A_max, N); probabilities = softmax over the atom axis.
+
+Padding: branches with A_b < A_max actions are padded at the END of the action axis with a constant
+row PAD_LOGITS (all mass on atom 0, i.e. the return V_MIN). `action_mask` (n_branches, A_max) bool
+marks the real actions. A padded action never affects the mean advantage (the mean is over the
+branch's A_b real actions only), never receives gradient (it is a constant), and is never chosen:
+`trainer.agent.act` masks it, and even unmasked its E[Q] = V_MIN is <= every real action's E[Q]
+and argmax breaks ties towards the lower (real) index.
+
+Everything is CUDA-graph capturable: fixed shapes, no host syncs, no branching on tensor values.
+"""
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+from trainer.agent.c51 import make_support
+from trainer.agent.config import AgentConfig
+
+PAD_LOGIT = -1.0e4  # exp(-1e4) underflows to exactly 0 in float32: the padded row is a point mass at V_MIN
+
+
+def branch_action_mask(branch_sizes: tuple[int, ...]) -> Tensor:
+    """(n_branches, A_max) bool: True where the action exists in that branch."""
+    a_max = max(branch_sizes)
+    return torch.arange(a_max).unsqueeze(0) < torch.tensor(branch_sizes).unsqueeze(1)
+
+
+def expected_q(logits: Tensor, support: Tensor) -> Tensor:
+    """E[Q] = Σ_i softmax(logits)_i z_i: (..., N) -> (...)."""
+    return (torch.softmax(logits, dim=-1) * support).sum(-1)
+
+
+# --------------------------------------------------------------------------------------------------
+# Selective scan: h_t = exp(Δ_t A) ⊙ h_{t-1} + Δ_t B_t u_t ;  y_t = C_t · h_t + D u_t
+# --------------------------------------------------------------------------------------------------
+
+def _discretise(u: Tensor, delta: Tensor, A: Tensor, B: Tensor) -> tuple[Tensor, Tensor]:
+    """Zero-order hold on A, Euler on B (as in Mamba): returns dA, dBu, each (Bt, L, D, N)."""
+    dA = torch.exp(delta.unsqueeze(-1) * A)  # (Bt, L, D, N), in (0, 1) since A < 0 and Δ > 0
+    dBu = (delta * u).unsqueeze(-1) * B.unsqueeze(2)  # (Bt, L, D, N)
+    return dA, dBu
+
+
+def selective_scan_sequential(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor) -> Tensor:
+    """Reference scan, one time step at a time. u, delta: (Bt, L, D); A: (D, N); B, C: (Bt, L, N);
+    D: (D,). Returns y (Bt, L, D)."""
+    dA, dBu = _discretise(u, delta, A, B)
+    h = torch.zeros_like(dBu[:, 0])  # (Bt, D, N)
+    ys = []
+    for t in range(u.shape[1]):
+        h = dA[:, t] * h + dBu[:, t]
+        ys.append((h * C[:, t].unsqueeze(1)).sum(-1))  # (Bt, D)
+    return torch.stack(ys, dim=1) + u * D
+
+
+def selective_scan_parallel(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor) -> Tensor:
+    """Same result as `selective_scan_sequential` by a Hillis-Steele scan: ⌈log2 L⌉ rounds of
+    elementwise ops instead of L dependent steps (L = W is 32-64, so 5-6 rounds).
+
+    The linear recurrence h_t = a_t h_{t-1} + b_t composes as (a, b) ∘ (a', b') = (a a', a b' + b);
+    after the round with offset k, (a_t, b_t) summarises steps (t-2k, t], so b_t = h_t at the end.
+    Cost: each round allocates two (Bt, L, D, N) tensors, kept for backward.
+    """
+    dA, dBu = _discretise(u, delta, A, B)
+    a, b = dA, dBu
+    length = u.shape[1]
+    k = 1
+    while k < length:
+        # Positions t < k have nothing k steps back: identity element (a=1, b=0) is shifted in.
+        b_prev = F.pad(b[:, :-k], (0, 0, 0, 0, k, 0))  # (Bt, L, D, N), zeros first
+        a_prev = F.pad(a[:, :-k], (0, 0, 0, 0, k, 0), value=1.0)
+        b = a * b_prev + b
+        a = a * a_prev
+        k *= 2
+    return (b * C.unsqueeze(2)).sum(-1) + u * D  # (Bt, L, D)
+
+
+class MambaBlock(nn.Module):
+    """Mamba (Gu & Dao 2023) mixer in pure PyTorch: in-projection to (x, z); causal depthwise conv +
+    SiLU on x; input-dependent Δ, B, C from x; diagonal A < 0; selective scan; gate by SiLU(z)."""
+
+    def __init__(self, d_model: int, d_state: int, d_conv: int, expand: int, scan: str = "parallel"):
+        super().__init__()
+        self.scan = selective_scan_parallel if scan == "parallel" else selective_scan_sequential
+        d_inner = expand * d_model
+        self.d_inner, self.d_state = d_inner, d_state
+        self.dt_rank = math.ceil(d_model / 16)
+        self.in_proj = nn.Linear(d_model, 2 * d_inner, bias=False)
+        self.conv = nn.Conv1d(d_inner, d_inner, d_conv, groups=d_inner, padding=d_conv - 1)
+        self.x_proj = nn.Linear(d_inner, self.dt_rank + 2 * d_state, bias=False)
+        self.dt_proj = nn.Linear(self.dt_rank, d_inner, bias=True)
+        # Δ starts log-uniform in [1e-3, 1e-1] (Mamba's init): bias = softplus⁻¹(Δ) = Δ + log(1 - e^-Δ).
+        dt = torch.exp(torch.rand(d_inner) * (math.log(0.1) - math.log(1e-3)) + math.log(1e-3))
+        with torch.no_grad():
+            self.dt_proj.bias.copy_(dt + torch.log(-torch.expm1(-dt)))
+        # S4D-real init: A_n = -(n+1), so channels decay at rates spread over the window.
+        self.A_log = nn.Parameter(torch.log(torch.arange(1, d_state + 1, dtype=torch.float32)).repeat(d_inner, 1))
+        self.D = nn.Parameter(torch.ones(d_inner))
+        self.out_proj = nn.Linear(d_inner, d_model, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        length = x.shape[1]
+        xz = self.in_proj(x)  # (Bt, L, 2 d_inner)
+        u, z = xz.chunk(2, dim=-1)
+        # Conv1d pads both sides by d_conv-1; keeping the first L outputs makes it causal.
+        u = F.silu(self.conv(u.transpose(1, 2))[..., :length].transpose(1, 2))  # (Bt, L, d_inner)
+        dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        delta = F.softplus(self.dt_proj(dt))  # (Bt, L, d_inner), > 0
+        A = -torch.exp(self.A_log)  # (d_inner, N), < 0
+        y = self.scan(u, delta, A, B, C, self.D)
+        return self.out_proj(y * F.silu(z))  # (Bt, L, d_model)
+
+
+class MambaEncoder(nn.Module):
+    """Embedding + pre-norm residual Mamba blocks; returns the last position (Bt, d_model)."""
+
+    def __init__(self, cfg: AgentConfig):
+        super().__init__()
+        self.embed = nn.Linear(cfg.n_features, cfg.d_model)
+        self.norms = nn.ModuleList(nn.RMSNorm(cfg.d_model) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(MambaBlock(cfg.d_model, cfg.d_state, cfg.d_conv, cfg.expand, cfg.scan)
+                                    for _ in range(cfg.n_layers))
+        self.norm_out = nn.RMSNorm(cfg.d_model)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        x = self.embed(obs)  # (Bt, W, d_model)
+        for norm, block in zip(self.norms, self.blocks):
+            x = x + block(norm(x))
+        return self.norm_out(x[:, -1])  # (Bt, d_model)
+
+
+class GRUEncoder(nn.Module):
+    """Embedding + multi-layer GRU; returns the last position (Bt, d_model)."""
+
+    def __init__(self, cfg: AgentConfig):
+        super().__init__()
+        self.embed = nn.Linear(cfg.n_features, cfg.d_model)
+        self.gru = nn.GRU(cfg.d_model, cfg.d_model, num_layers=cfg.n_layers, batch_first=True)
+        self.norm_out = nn.RMSNorm(cfg.d_model)
+
+    def forward(self, obs: Tensor) -> Tensor:
+        out, _ = self.gru(self.embed(obs))  # (Bt, W, d_model)
+        return self.norm_out(out[:, -1])
+
+
+def _mean_zero_tilt(support: Tensor) -> Tensor:
+    """Logits λ z whose softmax has mean 0 on the support (or as near as |λ z| <= 20 allows), found
+    by bisection in float64 on the host at construction time. For a symmetric support λ = 0."""
+    z = support.double().cpu()
+    bound = 20.0 / float(z.abs().max())
+    lo, hi = -bound, bound  # the tilted mean is increasing in λ
+    for _ in range(80):
+        mid = 0.5 * (lo + hi)
+        if float((torch.softmax(mid * z, 0) * z).sum()) < 0.0:
+            lo = mid
+        else:
+            hi = mid
+    return (0.5 * (lo + hi) * z).float()
+
+
+class QNetwork(nn.Module):
+    """Branching dueling distributional Q-network. `forward(obs, env_state) -> logits`."""
+
+    def __init__(self, cfg: AgentConfig):
+        super().__init__()
+        self.cfg = cfg
+        n_atoms, hidden = cfg.n_atoms, cfg.head_hidden
+        self.encoder = MambaEncoder(cfg) if cfg.encoder == "mamba" else GRUEncoder(cfg)
+        self.torso = nn.Sequential(nn.Linear(cfg.d_model + cfg.env_state_dim, hidden), nn.SiLU())
+        self.value = nn.Sequential(nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, n_atoms))
+        self.advantages = nn.ModuleList(
+            nn.Sequential(nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, a * n_atoms))
+            for a in cfg.branch_sizes)
+        support = make_support(cfg.v_min, cfg.v_max, n_atoms)
+        self.register_buffer("support", support)  # (N,)
+        self.register_buffer("action_mask", branch_action_mask(cfg.branch_sizes))  # (n_branches, A_max)
+        pad = torch.full((n_atoms,), PAD_LOGIT)
+        pad[0] = 0.0
+        self.register_buffer("pad_logits", pad)  # (N,)
+        # Initial Q ≈ 0: tiny last-layer weights make every action's distribution ≈ the value
+        # bias, which is the max-entropy distribution on the support with mean 0.
+        with torch.no_grad():
+            for head in [self.value, *self.advantages]:
+                nn.init.normal_(head[-1].weight, std=1e-3)
+                nn.init.zeros_(head[-1].bias)
+            self.value[-1].bias.copy_(_mean_zero_tilt(support))
+
+    def forward(self, obs: Tensor, env_state: Tensor) -> Tensor:
+        """obs (B, W, F) float32, env_state (B, S) -> logits (B, n_branches, A_max, n_atoms)."""
+        batch = obs.shape[0]
+        n_atoms, a_max = self.cfg.n_atoms, self.cfg.max_actions
+        h = self.torso(torch.cat([self.encoder(obs), env_state], dim=-1))  # (B, H)
+        v = self.value(h).unsqueeze(1)  # (B, 1, N)
+        branches = []
+        for stream, a_b in zip(self.advantages, self.cfg.branch_sizes):
+            adv = stream(h).view(batch, a_b, n_atoms)  # (B, A_b, N)
+            logits_b = v + adv - adv.mean(dim=1, keepdim=True)  # mean over the A_b real actions only
+            if a_b < a_max:
+                logits_b = torch.cat([logits_b, self.pad_logits.expand(batch, a_max - a_b, n_atoms)], dim=1)
+            branches.append(logits_b)
+        return torch.stack(branches, dim=1)  # (B, n_branches, A_max, N)

@@ -1,0 +1,101 @@
+"""TrainConfig: one frozen config per stage under one root, plus the named presets.
+
+The resolved config is written to run.json and into every checkpoint; on resume, settings that fix tensor shapes
+come from the checkpoint (a mismatch is refused, naming the fields).
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Any
+
+from trainer.agent.config import AgentConfig
+from trainer.agent.replay import ReplayConfig
+from trainer.features.config import FeatureConfig
+from trainer.sim import ENV_FEATURES
+from trainer.sim.config import SimConfig
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    n_steps: int = 25_000
+    """Training steps per fold; each is n_envs env steps plus one gradient step."""
+    learning_starts: int = 64
+    """Env steps (per env) of acting only before gradient steps begin (fills replay past batch_size)."""
+    log_every: int = 500
+    """Steps between JSON log lines; metrics are read from the device only then (host sync)."""
+    checkpoint_every: int = 5_000
+    """Steps between checkpoints (the seed plan's cadence); a final one is written at the end."""
+    keep_checkpoints: int = 2
+    """Newest checkpoints kept per fold (>= 2)."""
+    mode: str = "auto"
+    """'eager', 'graph' (CUDA graph of the whole step; CUDA only) or 'auto' (graph on CUDA, eager on CPU)."""
+    device: str = "auto"
+    """'auto' (cuda if available), 'cpu' or 'cuda[:i]'."""
+    seed: int = 0
+    """Seed for torch, numpy, python and the simulator's reset hash."""
+    deterministic: bool = False
+    """Seeded everything plus torch.use_deterministic_algorithms: a killed-and-resumed run ends bit-identical."""
+    eval_envs: int = 256
+    """Parallel greedy backtests spread over the evaluation window (plus one continuous pass)."""
+    grace_seconds: float = 30.0
+    """After SIGTERM/SIGINT: finish the step, checkpoint, exit 143 within this budget."""
+
+    def __post_init__(self) -> None:
+        for name in ("n_steps", "log_every", "checkpoint_every", "eval_envs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.learning_starts < 0:
+            raise ValueError(f"LoopConfig.learning_starts must be >= 0, got {self.learning_starts!r}")
+        if self.keep_checkpoints < 2:
+            raise ValueError(f"LoopConfig.keep_checkpoints must be >= 2, got {self.keep_checkpoints!r}")
+        if self.mode not in ("auto", "eager", "graph"):
+            raise ValueError(f"LoopConfig.mode must be auto|eager|graph, got {self.mode!r}")
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    data: str = "synthetic"
+    """Data SPEC (see docs/data.md), e.g. synthetic:seed=7,days=4,signal=1 or lobster:PATH."""
+    features: FeatureConfig = field(default_factory=FeatureConfig)
+    sim: SimConfig = field(default_factory=SimConfig)
+    agent: AgentConfig = field(default_factory=lambda: AgentConfig(n_features=1, env_state_dim=ENV_FEATURES))
+    """Agent settings; n_features is filled in from the feature set when a fold is built."""
+    replay: ReplayConfig = field(default_factory=ReplayConfig)
+    loop: LoopConfig = field(default_factory=LoopConfig)
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    def replace(self, **sections: dict[str, Any]) -> "TrainConfig":
+        """Copy with fields of named sections replaced: cfg.replace(loop={"n_steps": 10})."""
+        updates = {}
+        for name, fields_ in sections.items():
+            if name == "data":
+                updates["data"] = fields_
+            else:
+                updates[name] = dataclasses.replace(getattr(self, name), **fields_)
+        return dataclasses.replace(self, **updates)
+
+
+def preset(name: str) -> TrainConfig:
+    """Named presets: 'smoke' (CPU, under a minute per fold here) and 'h100' (the seed plan's GPU run)."""
+    base = TrainConfig()
+    if name == "smoke":
+        return base.replace(
+            sim={"n_envs": 64},
+            agent={"d_model": 32, "window": 16, "batch_size": 128, "n_layers": 1},
+            replay={"capacity": 8192},
+            loop={"n_steps": 1500, "log_every": 250, "checkpoint_every": 500, "learning_starts": 32,
+                  "eval_envs": 64, "device": "cpu"},
+        )
+    if name == "h100":
+        return base.replace(
+            sim={"n_envs": 1024},
+            replay={"capacity": 65_536},
+            loop={"n_steps": 25_000, "log_every": 500, "checkpoint_every": 5_000},
+        )
+    raise ValueError(f"unknown preset {name!r}: choose smoke or h100")
+
+
+PRESETS = ("smoke", "h100")

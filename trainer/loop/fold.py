@@ -1,0 +1,224 @@
+"""One fold's training: build the device state, run act → store → learn, log, checkpoint, resume.
+
+`FoldTrainer` owns every piece of state the fold needs to continue exactly (networks, optimiser, controllers,
+replay, n-step rings, simulator, counters, RNG). The checkpoint stage (which comes after this one) persists what
+`state_dict()` returns through the `Checkpointer` protocol passed to `run()`; this module never touches files.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import signal
+import time
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from trainer.agent.config import AgentConfig
+from trainer.agent.learner import Learner
+from trainer.agent.network import QNetwork
+from trainer.agent.replay import NStepAccumulator, PrioritizedReplay, effective_capacity
+from trainer.features.decision import DecisionTape
+from trainer.loop.config import TrainConfig
+from trainer.loop.log import JsonLog, eta_text
+from trainer.loop.step import GraphedStep, StepMetrics, TrainStep
+from trainer.sim import ENV_FEATURES, Simulator
+
+
+class Checkpointer(Protocol):
+    def save(self, trainer: "FoldTrainer", final: bool = False) -> None: ...
+
+
+class Stopped(Exception):
+    """SIGTERM/SIGINT arrived; a checkpoint was written; the process should exit 143."""
+
+
+def resolve_device(name: str) -> torch.device:
+    if name == "auto":
+        return torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    device = torch.device(name)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"LoopConfig.device={name!r} but no CUDA device is available")
+    return device
+
+
+def configure_torch(cfg: TrainConfig) -> None:
+    """TF32 on for matmuls and convolutions; determinism when asked (before any CUDA work)."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    torch.backends.cudnn.allow_tf32 = True
+    torch.set_float32_matmul_precision("high")
+    if cfg.loop.deterministic:
+        torch.use_deterministic_algorithms(True)
+
+
+def agent_config_for(cfg: TrainConfig, n_features: int) -> AgentConfig:
+    """The agent config with the data-dependent widths filled in."""
+    return dataclasses.replace(cfg.agent, n_features=n_features, env_state_dim=ENV_FEATURES)
+
+
+@dataclass
+class Window:
+    start: int
+    stop: int
+
+
+def direction_entropy(counts: torch.Tensor) -> torch.Tensor:
+    """Entropy (nats) of the direction-choice frequencies; log(4) = 1.386 is uniform."""
+    p = counts / counts.sum().clamp(min=1)
+    return -(p * torch.log(p.clamp(min=1e-12))).sum()
+
+
+class FoldTrainer:
+    GRAPH_WARMUP_UPDATES = 3
+    """Eager gradient steps before graph capture (cuBLAS handles, optimizer state, allocator warm-up)."""
+
+    def __init__(self, cfg: TrainConfig, features: np.ndarray, tape: DecisionTape, train: Window, fold: int,
+                 log: JsonLog | None = None):
+        self.cfg, self.fold = cfg, fold
+        self.log = log or JsonLog(fold)
+        self.device = resolve_device(cfg.loop.device)
+        configure_torch(cfg)
+        torch.manual_seed(cfg.loop.seed)
+        np.random.seed(cfg.loop.seed)
+        self.agent_cfg = agent_config_for(cfg, int(features.shape[1]))
+        W = self.agent_cfg.window
+        dev = self.device
+        self.features = torch.as_tensor(features, dtype=torch.float32, device=dev)  # (T, F) normalised
+        self.sim = Simulator(tape, cfg.sim, dev)
+        self.state = self.sim.reset(train.start, train.stop, min_history=W - 1)
+        self.learner = Learner(QNetwork(self.agent_cfg), self.agent_cfg, dev)
+        n_envs = cfg.sim.n_envs
+        self.nstep = NStepAccumulator(n_envs, self.agent_cfg.n_step, self.agent_cfg.gamma, ENV_FEATURES,
+                                      self.agent_cfg.n_branches, dev)
+        rc = cfg.replay
+        self.replay = PrioritizedReplay(effective_capacity(rc.capacity, n_envs), ENV_FEATURES,
+                                        self.agent_cfg.n_branches, dev, alpha=rc.alpha, beta_start=rc.beta_start,
+                                        beta_end=rc.beta_end, beta_steps=rc.beta_steps, eps=rc.eps,
+                                        alpha_end=rc.alpha_end)
+        self.dir_counts = torch.zeros(4, device=dev)
+        self.step_fn = TrainStep(self.features, self.sim, self.state, self.learner, self.nstep, self.replay,
+                                 W, self.agent_cfg.batch_size, self.dir_counts)
+        self.env_step = 0  # loop iterations done (each is n_envs env steps); host-side, no sync needed
+        self.update_step = 0  # gradient steps done
+        self.wall_seconds = 0.0  # accumulated over attempts
+        self._stop_signal: int | None = None
+
+    # ---------------------------------------------------------------- state for checkpoints
+
+    def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
+        counters = torch.tensor([self.env_step, self.update_step, self.fold], dtype=torch.int64)
+        return {
+            "learner": self.learner.state_dict(),
+            "replay": self.replay.state_dict(),
+            "nstep": self.nstep.state_dict(),
+            "sim": self.state.state_dict(),
+            "loop": {"counters": counters, "dir_counts": self.dir_counts,
+                     "wall_seconds": torch.tensor(self.wall_seconds, dtype=torch.float64)},
+        }
+
+    def load_state_dict(self, sections: dict[str, dict[str, torch.Tensor]]) -> None:
+        self.learner.load_state_dict(sections["learner"])
+        self.replay.load_state_dict(sections["replay"])
+        self.nstep.load_state_dict(sections["nstep"])
+        self.state.load_state_dict(sections["sim"])
+        loop = sections["loop"]
+        env_step, update_step, fold = (int(x) for x in loop["counters"].tolist())
+        if fold != self.fold:
+            raise ValueError(f"checkpoint belongs to fold {fold}, not fold {self.fold}")
+        self.env_step, self.update_step = env_step, update_step
+        self.dir_counts.copy_(loop["dir_counts"])
+        self.wall_seconds = float(loop["wall_seconds"])
+
+    # ---------------------------------------------------------------- running
+
+    def _handle_signal(self, signum, _frame) -> None:
+        self._stop_signal = signum  # acted on between steps: finish the step, checkpoint, exit 143
+
+    def _learning(self) -> bool:
+        return self.env_step >= self.cfg.loop.learning_starts
+
+    def _log_interval(self, t0: float, steps_at_t0: int) -> None:
+        """One JSON line of metrics. Reading device buffers here is the interval's host sync."""
+        m = self.step_fn.metrics
+        count = max(float(m.count), 1.0)  # host sync (log interval)
+        sums = (m.sums / count).tolist()
+        stats = {k: float(v) for k, v in self.sim.stats(self.state).items()}
+        elapsed = max(time.perf_counter() - t0, 1e-9)
+        sps = (self.env_step - steps_at_t0) / elapsed
+        values = dict(zip(StepMetrics.NAMES, sums))
+        record = self.log.event(
+            "step", env_step=self.env_step, update_step=self.update_step, sps=round(sps, 2),
+            transitions_per_s=round(sps * self.cfg.sim.n_envs, 1),
+            loss=values["loss"], q_mean=values["q_mean"], grad_norm=values["grad_norm"], lr=values["lr"],
+            clip=values["clip"], tau=values["tau"], reward=values["reward"],
+            win_rate=stats["win_rate"], hold_frac=stats["hold_frac"],
+            dir_entropy=float(direction_entropy(self.dir_counts)), trades=int(stats["round_trips"]),
+            net_pnl=stats["net_pnl"],
+        )
+        m.reset()
+        n = self.cfg.loop.n_steps
+        self.log.human(f"fold {self.fold} step {self.env_step}/{n} sps {record['sps']:.1f} "
+                       f"loss {record['loss']:.4f} q {record['q_mean']:.3f} win {record['win_rate']:.3f} "
+                       f"eta {eta_text(self.env_step - steps_at_t0, n - steps_at_t0, elapsed)}")
+        self.learner.kill.check()  # raises KillCriterion (exit 3); flags were set on the device inside the step
+
+    def run(self, checkpointer: Checkpointer | None = None, mode: str | None = None) -> None:
+        """Train to cfg.loop.n_steps from wherever the state is (fresh or resumed)."""
+        lc = self.cfg.loop
+        mode = mode or lc.mode
+        if mode == "auto":
+            mode = "graph" if self.device.type == "cuda" and not lc.deterministic else "eager"
+        old = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGTERM, signal.SIGINT)}
+        t0, steps_at_t0 = time.perf_counter(), self.env_step
+        attempt_t0 = t0
+        graphed: GraphedStep | None = None
+        try:
+            while self.env_step < lc.n_steps:
+                if not self._learning():
+                    self.step_fn.act_and_store()
+                elif mode == "graph" and self.update_step >= self.GRAPH_WARMUP_UPDATES:
+                    if graphed is None:  # eager updates before this point did the lazy inits capture needs
+                        graphed = GraphedStep(self.step_fn)
+                    graphed()
+                    self.update_step += 1
+                else:
+                    self.step_fn()
+                    self.update_step += 1
+                self.env_step += 1
+                if self.env_step % lc.log_every == 0 or self.env_step == lc.n_steps:
+                    self._log_interval(t0, steps_at_t0)
+                    t0, steps_at_t0 = time.perf_counter(), self.env_step
+                if self._stop_signal is not None:
+                    self.wall_seconds += time.perf_counter() - attempt_t0
+                    attempt_t0 = time.perf_counter()
+                    if checkpointer is not None:
+                        checkpointer.save(self)
+                    raise Stopped(f"signal {self._stop_signal} at env_step {self.env_step}")
+                if checkpointer is not None and self.env_step % lc.checkpoint_every == 0 \
+                        and self.env_step < lc.n_steps:
+                    self.wall_seconds += time.perf_counter() - attempt_t0
+                    attempt_t0 = time.perf_counter()
+                    checkpointer.save(self)
+            self.wall_seconds += time.perf_counter() - attempt_t0
+            if checkpointer is not None:
+                checkpointer.save(self, final=True)
+        finally:
+            for s, h in old.items():
+                signal.signal(s, h)
+
+    @property
+    def weights_hash(self) -> str:
+        """sha256 over the online network's parameters (bit-identity checks for resume)."""
+        import hashlib
+
+        h = hashlib.sha256()
+        for name, p in sorted(self.learner.online.state_dict().items()):
+            h.update(name.encode())
+            h.update(p.detach().cpu().contiguous().numpy().tobytes())
+        return h.hexdigest()
+
+
+def finite_or_none(x: float) -> float | None:
+    return x if math.isfinite(x) else None

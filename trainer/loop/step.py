@@ -1,0 +1,100 @@
+"""The training step: act on all envs → store → one gradient step, as one function over explicit state.
+
+Everything here stays on the device. The same `TrainStep.__call__` runs eagerly or is captured once as a CUDA
+graph and replayed (`GraphedStep`); host syncs happen only in `read_metrics`, at log intervals.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+from trainer.agent.learner import Batch, Learner
+from trainer.agent.replay import NStepAccumulator, PrioritizedReplay
+from trainer.sim import Simulator
+
+
+def gather_windows(features: torch.Tensor, rows: torch.Tensor, window: int) -> torch.Tensor:
+    """Observation windows by row index: features[rows - W + 1 : rows + 1] for every row.
+
+    features (T, F) float32 on the device; rows (B,) int64 → (B, W, F). Rows are never below W - 1 (the simulator
+    places envs at least `window` rows into their window), so no clamping hides a bug.
+    """
+    offsets = torch.arange(window - 1, -1, -1, device=rows.device)  # (W,) newest last
+    return features[rows[:, None] - offsets[None, :]]  # (B, W, F)
+
+
+@dataclass
+class StepMetrics:
+    """Device-side running sums over the current log interval (read at log time only)."""
+
+    sums: torch.Tensor  # (len(NAMES),) float32
+    count: torch.Tensor  # () float32
+
+    NAMES = ("loss", "q_mean", "grad_norm", "lr", "clip", "tau", "reward")
+
+    @classmethod
+    def zeros(cls, device: torch.device) -> "StepMetrics":
+        return cls(torch.zeros(len(cls.NAMES), device=device), torch.zeros((), device=device))
+
+    def reset(self) -> None:
+        self.sums.zero_()
+        self.count.zero_()
+
+
+class TrainStep:
+    """Closure over the fold's persistent state; `act_and_store()` before learning starts, `__call__()` after."""
+
+    def __init__(self, features: torch.Tensor, sim: Simulator, state, learner: Learner, nstep: NStepAccumulator,
+                 replay: PrioritizedReplay, window: int, batch_size: int, dir_counts: torch.Tensor):
+        self.features, self.sim, self.state = features, sim, state
+        self.learner, self.nstep, self.replay = learner, nstep, replay
+        self.window, self.batch_size = window, batch_size
+        self.metrics = StepMetrics.zeros(features.device)
+        self.dir_counts = dir_counts  # (4,) float32 direction choices this interval (training entropy)
+
+    def act_and_store(self) -> None:
+        state = self.state
+        row = state.cursor.clone()  # (n_envs,) decision row observed now
+        env_state = self.sim.env_features(state)  # (n_envs, S)
+        obs = gather_windows(self.features, row, self.window)  # (n_envs, W, F)
+        actions = self.learner.act(obs, env_state, explore=True)  # (n_envs, n_branches) Thompson on direction
+        out = self.sim.step(state, actions)
+        next_env_state = self.sim.env_features(state)
+        transitions, valid = self.nstep.push(row, env_state, actions, out.reward, out.done, state.cursor,
+                                             next_env_state, reset=out.truncated)
+        self.replay.add(transitions, valid)
+        self.dir_counts += torch.nn.functional.one_hot(actions[:, 0], 4).sum(0)
+        self.metrics.sums[6] += out.reward.mean()
+
+    def learn(self) -> None:
+        idx, batch, weights = self.replay.sample(self.batch_size)
+        obs = gather_windows(self.features, batch.row, self.window)
+        next_obs = gather_windows(self.features, batch.next_row, self.window)
+        out = self.learner.update(Batch(obs, batch.env_state, batch.action.long(), batch.return_n,
+                                        batch.discount_n, next_obs, batch.next_env_state, weights))
+        self.replay.update_priorities(idx, out["priorities"])
+        self.metrics.sums[:6] += torch.stack([out[k] for k in StepMetrics.NAMES[:6]]).float()
+        self.metrics.count += 1
+
+    def __call__(self) -> None:
+        self.act_and_store()
+        self.learn()
+
+
+class GraphedStep:
+    """The whole TrainStep captured once as a CUDA graph and replayed (static buffers, graph-safe RNG)."""
+
+    def __init__(self, step: TrainStep):
+        """Capture only: the caller has already run a few eager steps (lazy inits), and no step runs here,
+        so eager and graph runs consume the same sequence of steps."""
+        if step.features.device.type != "cuda":
+            raise ValueError("graph mode needs a CUDA device; use mode=eager on CPU")
+        self.step = step
+        torch.cuda.synchronize()
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            step()
+
+    def __call__(self) -> None:
+        self.graph.replay()

@@ -1,0 +1,405 @@
+"""The `alpha-rl` Argo WorkflowTemplate, written with Hera.
+
+DAG: features (CPU pod; fxcache skip-if-exists) -> train-fold x folds (withSequence) -> report.
+
+Templates are module-level values built by the `*_template` functions; `build_workflow_template`
+only wires them. The same builder functions make the test templates (a `python -c` command with
+chosen exit codes instead of the trainer), so the local runner is exercised on exactly the
+structure the cluster gets.
+
+Regenerate the committed YAML (never done by CI; a test fails while it differs):
+
+    python -m workflows.template --write        # -> infra/k8s/argo/alpha-rl-template.yaml
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Sequence as Seq
+
+import yaml
+from hera.workflows import DAG, Container, Parameter, RetryStrategy, Task, WorkflowTemplate
+from hera.workflows import models as m
+
+__all__ = [
+    "TemplateConfig",
+    "DEFAULTS",
+    "RETRY_EXPRESSION",
+    "PARAMETER_DEFAULTS",
+    "features_template",
+    "train_fold_template",
+    "report_template",
+    "build_workflow_template",
+    "render",
+    "render_yaml",
+    "RENDERED_PATH",
+    "FEATURES",
+    "TRAIN_FOLD",
+    "REPORT",
+]
+
+REPO_ROOT = Path(__file__).resolve().parents[1]
+RENDERED_PATH = REPO_ROOT / "infra" / "k8s" / "argo" / "alpha-rl-template.yaml"
+
+# Retry decision, evaluated by Argo (and by workflows.expr in the local runner) after a failed attempt.
+# Never retry exit 2 (bad usage/config/data) or 3 (kill criterion): a rerun can only fail the same way.
+# Retry the pod-level losses (status Error: pod deleted, evicted, node shutdown — these often carry no
+# exit code, which Argo reports as "-1"), OOM kills (137, reason OOMKilled) and SIGTERM-after-checkpoint
+# (143) by name, and — per the process contract — any other failed exit of the main container.
+RETRY_EXPRESSION = (
+    "!(lastRetry.exitCode in ['2', '3']) && ("
+    "lastRetry.status == 'Error'"
+    " || lastRetry.exitCode in ['137', '143']"
+    " || lastRetry.message matches '(?i)OOMKilled|pod deleted|evict|node shutdown|shutting down'"
+    " || lastRetry.status == 'Failed')"
+)
+
+# Workflow parameters and their defaults (git-sha is required: no default).
+PARAMETER_DEFAULTS: dict[str, str | None] = {
+    "git-sha": None,
+    "image": "ghcr.io/alpha-rl/alpha-rl-trainer:latest",
+    "folds": "3",
+    "n-steps": "25000",
+    "n-backtests": "1024",
+    "per-capacity": "65536",
+    "preset": "h100",
+    "seed": "0",
+    "device": "cuda",
+    "fold-mode": "independent",
+    "data": "synthetic",
+    "pvc": "alpha-rl-runs",
+    "gpu-pool": "ci-training-h100",
+    "pool-label-key": "cloud.google.com/gke-nodepool",
+}
+
+
+def _p(name: str) -> str:
+    return "{{workflow.parameters.%s}}" % name
+
+
+@dataclass(frozen=True)
+class TemplateConfig:
+    """Build-time settings of the WorkflowTemplate (run-time knobs are workflow parameters instead)."""
+
+    name: str = "alpha-rl"
+    """metadata.name of the WorkflowTemplate; workflows reference it by this name."""
+    mount_path: str = "/mnt/alpha-rl"
+    """Where the PVC is mounted in every container; run dirs are <mount>/<git-sha>/fold<N>."""
+    service_account: str = "alpha-rl"
+    """serviceAccountName of every pod (RBAC in infra/k8s/rbac.yaml)."""
+    train_memory: str = "96Gi"
+    """Train pod memory request = limit (Guaranteed QoS: the OOM killer picks it last on a node)."""
+    train_cpu: str = "8"
+    """Train pod CPU request."""
+    cpu_memory: str = "8Gi"
+    """Features and report pods: memory request = limit."""
+    cpu_cpu: str = "2"
+    """Features and report pods: CPU request."""
+    shm_size: str = "16Gi"
+    """sizeLimit of the memory-backed /dev/shm emptyDir (PyTorch data workers use shared memory)."""
+    tmp_size: str = "20Gi"
+    """sizeLimit of the writable /tmp emptyDir (the root filesystem is read-only)."""
+    retry_limit: int = 5
+    """Retries per task after the first attempt (total attempts = limit + 1)."""
+    backoff_duration: str = "30s"
+    """First backoff wait; Argo duration string ("30s", "2m")."""
+    backoff_factor: int = 2
+    """Multiplier of the wait after each failed attempt."""
+    backoff_cap: str = "10m"
+    """Largest single backoff wait."""
+    backoff_max_duration: str = "2h"
+    """No retry is started once this long has passed since the task's first attempt."""
+    train_deadline_s: int = 6 * 3600
+    """activeDeadlineSeconds of one train attempt (a retry gets a fresh deadline)."""
+    cpu_deadline_s: int = 2 * 3600
+    """activeDeadlineSeconds of one features or report attempt."""
+    workflow_deadline_s: int = 48 * 3600
+    """activeDeadlineSeconds of the whole workflow, retries included."""
+    termination_grace_s: int = 120
+    """terminationGracePeriodSeconds: time between SIGTERM and SIGKILL for the trainer to checkpoint."""
+    run_as_user: int = 1000
+    """Non-root uid of every container (matches the image's user)."""
+
+    def __post_init__(self) -> None:
+        for name in ("retry_limit", "backoff_factor"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"TemplateConfig.{name} must be >= 0, got {getattr(self, name)!r}")
+        for name in ("train_deadline_s", "cpu_deadline_s", "workflow_deadline_s", "termination_grace_s", "run_as_user"):
+            if getattr(self, name) <= 0:
+                raise ValueError(f"TemplateConfig.{name} must be > 0, got {getattr(self, name)!r}")
+        if not self.mount_path.startswith("/") or self.mount_path.rstrip("/") in ("", "/tmp", "/dev/shm"):
+            raise ValueError(f"TemplateConfig.mount_path must be an absolute dedicated path, got {self.mount_path!r}")
+        if not self.name or self.name != self.name.lower():
+            raise ValueError(f"TemplateConfig.name must be a lower-case DNS name, got {self.name!r}")
+
+
+DEFAULTS = TemplateConfig()
+
+
+# ---- shared pod hardening -------------------------------------------------------------------------
+
+
+def _container_security(cfg: TemplateConfig) -> m.SecurityContext:
+    return m.SecurityContext(
+        run_as_non_root=True,
+        run_as_user=cfg.run_as_user,
+        run_as_group=cfg.run_as_user,
+        allow_privilege_escalation=False,
+        read_only_root_filesystem=True,
+        privileged=False,
+        capabilities=m.Capabilities(drop=["ALL"]),
+        seccomp_profile=m.SeccompProfile(type="RuntimeDefault"),
+    )
+
+
+def _pod_security(cfg: TemplateConfig) -> m.PodSecurityContext:
+    # fsGroup makes the PVC writable by the non-root uid on volume types that honour it.
+    return m.PodSecurityContext(
+        run_as_non_root=True, run_as_user=cfg.run_as_user, run_as_group=cfg.run_as_user, fs_group=cfg.run_as_user
+    )
+
+
+def _volumes(cfg: TemplateConfig) -> list[m.Volume]:
+    return [
+        m.Volume(name="runs", persistent_volume_claim=m.PersistentVolumeClaimVolumeSource(claim_name=_p("pvc"))),
+        m.Volume(name="tmp", empty_dir=m.EmptyDirVolumeSource(size_limit=cfg.tmp_size)),
+        m.Volume(name="dshm", empty_dir=m.EmptyDirVolumeSource(medium="Memory", size_limit=cfg.shm_size)),
+    ]
+
+
+def _mounts(cfg: TemplateConfig) -> list[m.VolumeMount]:
+    # Explicit per-container mounts: Hera does not carry workflow-level volumes into containers.
+    return [
+        m.VolumeMount(name="runs", mount_path=cfg.mount_path),
+        m.VolumeMount(name="tmp", mount_path="/tmp"),
+        m.VolumeMount(name="dshm", mount_path="/dev/shm"),
+    ]
+
+
+def _env() -> list[m.EnvVar]:
+    # Caches that default to $HOME (read-only root fs) go to the writable /tmp.
+    return [
+        m.EnvVar(name="HOME", value="/tmp"),
+        m.EnvVar(name="XDG_CACHE_HOME", value="/tmp/.cache"),
+        m.EnvVar(name="MPLCONFIGDIR", value="/tmp/.matplotlib"),
+        m.EnvVar(name="PYTHONUNBUFFERED", value="1"),
+    ]
+
+
+def _retry(cfg: TemplateConfig) -> RetryStrategy:
+    return RetryStrategy(
+        limit=cfg.retry_limit,
+        retry_policy="Always",
+        expression=RETRY_EXPRESSION,
+        backoff=m.Backoff(
+            duration=cfg.backoff_duration,
+            factor=m.IntOrString(root=cfg.backoff_factor),
+            cap=cfg.backoff_cap,
+            max_duration=cfg.backoff_max_duration,
+        ),
+    )
+
+
+def _grace_patch(cfg: TemplateConfig) -> str:
+    return json.dumps({"terminationGracePeriodSeconds": cfg.termination_grace_s})
+
+
+def _cpu_resources(cfg: TemplateConfig) -> m.ResourceRequirements:
+    return m.ResourceRequirements(
+        requests={"cpu": m.Quantity(root=cfg.cpu_cpu), "memory": m.Quantity(root=cfg.cpu_memory)},
+        limits={"memory": m.Quantity(root=cfg.cpu_memory)},
+    )
+
+
+# ---- templates -------------------------------------------------------------------------------------
+
+
+def features_template(
+    cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
+) -> Container:
+    """CPU pod: build the feature cache under <mount>/fxcache (the trainer skips it if present)."""
+    return Container(
+        name="features",
+        image=_p("image"),
+        image_pull_policy="IfNotPresent",
+        command=list(command or ["python", "-m", "trainer.features"]),
+        args=list(
+            args
+            if args is not None
+            else ["--data", _p("data"), "--cache-dir", f"{cfg.mount_path}/fxcache"]
+        ),
+        env=_env(),
+        resources=_cpu_resources(cfg),
+        volume_mounts=_mounts(cfg),
+        security_context=_container_security(cfg),
+        pod_security_context=_pod_security(cfg),
+        service_account_name=cfg.service_account,
+        active_deadline_seconds=cfg.cpu_deadline_s,
+        retry_strategy=_retry(cfg),
+        pod_spec_patch=_grace_patch(cfg),
+    )
+
+
+def train_fold_template(
+    cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
+) -> Container:
+    """GPU pod: train fold `{{inputs.parameters.fold}}`, resuming from its own checkpoints on retry.
+
+    The run dir depends only on the git sha and the fold — never a pod or workflow name — so every
+    retry and every resubmission of the same commit finds the checkpoints already written.
+    """
+    run_dir = f"{cfg.mount_path}/{_p('git-sha')}"
+    default_args = [
+        # workflows.launch logs the attempt, drops flags whose value is "" (so a preset's own
+        # n-steps stands when none is given) and execs `python -m trainer.train` in its place.
+        "trainer.train",
+        "--run-dir", run_dir,
+        "--fold", "{{inputs.parameters.fold}}",
+        "--folds", _p("folds"),
+        "--data", _p("data"),
+        "--fxcache", f"{cfg.mount_path}/fxcache",
+        "--preset", _p("preset"),
+        "--n-steps", _p("n-steps"),
+        "--n-envs", _p("n-backtests"),
+        "--per-capacity", _p("per-capacity"),
+        "--seed", _p("seed"),
+        "--device", _p("device"),
+        "--fold-mode", _p("fold-mode"),
+        "--attempt", "{{retries}}",
+    ]  # fmt: skip
+    return Container(
+        name="train-fold",
+        inputs=[Parameter(name="fold")],
+        image=_p("image"),
+        image_pull_policy="IfNotPresent",
+        command=list(command or ["python", "-m", "workflows.launch"]),
+        args=list(args if args is not None else default_args),
+        env=[
+            *_env(),
+            m.EnvVar(name="ALPHA_RL_FOLD_DIR", value=f"{run_dir}/fold{{{{inputs.parameters.fold}}}}"),
+            m.EnvVar(name="ALPHA_RL_ATTEMPT", value="{{retries}}"),
+        ],
+        resources=m.ResourceRequirements(
+            requests={
+                "cpu": m.Quantity(root=cfg.train_cpu),
+                "memory": m.Quantity(root=cfg.train_memory),
+                "nvidia.com/gpu": m.Quantity(root="1"),
+            },
+            limits={"memory": m.Quantity(root=cfg.train_memory), "nvidia.com/gpu": m.Quantity(root="1")},
+        ),
+        node_selector={_p("pool-label-key"): _p("gpu-pool")},
+        tolerations=[m.Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+        volume_mounts=_mounts(cfg),
+        security_context=_container_security(cfg),
+        pod_security_context=_pod_security(cfg),
+        service_account_name=cfg.service_account,
+        active_deadline_seconds=cfg.train_deadline_s,
+        retry_strategy=_retry(cfg),
+        synchronization=m.Synchronization(
+            mutexes=[m.Mutex(name=f"alpha-rl-{_p('git-sha')}-fold{{{{inputs.parameters.fold}}}}")]
+        ),
+        pod_spec_patch=_grace_patch(cfg),
+    )
+
+
+def report_template(
+    cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
+) -> Container:
+    """CPU pod: cross-fold summary.json, report.md and plots under <mount>/<git-sha>."""
+    return Container(
+        name="report",
+        image=_p("image"),
+        image_pull_policy="IfNotPresent",
+        command=list(command or ["python", "-m", "trainer.report"]),
+        args=list(args if args is not None else ["--run-dir", f"{cfg.mount_path}/{_p('git-sha')}"]),
+        env=_env(),
+        resources=_cpu_resources(cfg),
+        volume_mounts=_mounts(cfg),
+        security_context=_container_security(cfg),
+        pod_security_context=_pod_security(cfg),
+        service_account_name=cfg.service_account,
+        active_deadline_seconds=cfg.cpu_deadline_s,
+        retry_strategy=_retry(cfg),
+        pod_spec_patch=_grace_patch(cfg),
+    )
+
+
+FEATURES = features_template()
+TRAIN_FOLD = train_fold_template()
+REPORT = report_template()
+
+
+def build_workflow_template(
+    cfg: TemplateConfig = DEFAULTS,
+    features: Container | None = None,
+    train_fold: Container | None = None,
+    report: Container | None = None,
+) -> WorkflowTemplate:
+    """Wire the three templates into the `main` DAG. Defaults: the module-level templates."""
+    features = features or (FEATURES if cfg is DEFAULTS else features_template(cfg))
+    train_fold = train_fold or (TRAIN_FOLD if cfg is DEFAULTS else train_fold_template(cfg))
+    report = report or (REPORT if cfg is DEFAULTS else report_template(cfg))
+
+    t_features = Task(name="features", template=features)
+    t_train = Task(
+        name="train-fold",
+        template=train_fold,
+        arguments={"fold": "{{item}}"},
+        with_sequence=m.Sequence(count=_p("folds")),
+    )
+    t_report = Task(name="report", template=report)
+    t_features >> t_train >> t_report
+    main = DAG(name="main", tasks=[t_features, t_train, t_report])
+
+    return WorkflowTemplate(
+        name=cfg.name,
+        labels={"app.kubernetes.io/name": "alpha-rl"},
+        entrypoint="main",
+        arguments=[
+            Parameter(name=k) if v is None else Parameter(name=k, value=v) for k, v in PARAMETER_DEFAULTS.items()
+        ],
+        service_account_name=cfg.service_account,
+        active_deadline_seconds=cfg.workflow_deadline_s,
+        # Successful pods go; failed attempts stay so `kubectl logs` still shows why they failed.
+        pod_gc=m.PodGC(strategy="OnPodSuccess"),
+        volumes=_volumes(cfg),
+        templates=[main, features, train_fold, report],
+    )
+
+
+def render(cfg: TemplateConfig = DEFAULTS, **templates: Container) -> dict:
+    """The WorkflowTemplate as a plain dict (what is applied to the cluster)."""
+    return build_workflow_template(cfg, **templates).to_dict()
+
+
+def render_yaml(cfg: TemplateConfig = DEFAULTS) -> str:
+    header = "# Rendered from workflows/template.py by `python -m workflows.template --write`. Do not edit.\n"
+    return header + yaml.safe_dump(render(cfg), sort_keys=True, default_flow_style=False, width=120)
+
+
+def write_rendered(path: Path = RENDERED_PATH) -> Path:
+    """Write the rendered YAML atomically (temp name, then rename)."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
+    tmp.write_text(render_yaml())
+    os.replace(tmp, path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m workflows.template", description=__doc__.split("\n\n")[0])
+    ap.add_argument("--write", action="store_true", help=f"write {RENDERED_PATH.relative_to(REPO_ROOT)}")
+    ns = ap.parse_args(argv)
+    if ns.write:
+        print(write_rendered())
+    else:
+        sys.stdout.write(render_yaml())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
