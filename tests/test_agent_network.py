@@ -44,9 +44,11 @@ def test_parallel_scan_matches_sequential_reference_values_and_gradients(length)
     args = {k: v.requires_grad_() for k, v in t.items()}
     order = ("u", "delta", "A", "B", "C", "D")
     y_seq = selective_scan_sequential(*(args[k] for k in order))
-    grads_seq = torch.autograd.grad(y_seq.square().sum(), [args[k] for k in order], allow_unused=True, materialize_grads=True)
+    grads_seq = torch.autograd.grad(y_seq.square().sum(), [args[k] for k in order], allow_unused=True,
+                                    materialize_grads=True)
     y_par = selective_scan_parallel(*(args[k] for k in order))
-    grads_par = torch.autograd.grad(y_par.square().sum(), [args[k] for k in order], allow_unused=True, materialize_grads=True)
+    grads_par = torch.autograd.grad(y_par.square().sum(), [args[k] for k in order], allow_unused=True,
+                                    materialize_grads=True)
     torch.testing.assert_close(y_par, y_seq)
     for a, b in zip(grads_par, grads_seq):
         torch.testing.assert_close(a, b)

@@ -36,7 +36,7 @@ def test_inspect_mbo_reports_rebuilt_book_states_and_preopen_crossings(shared_da
 
 
 def test_inspect_lobster_zip_is_one_input(shared_data, capsys):
-    assert main(["inspect", str(shared_data / "lobster" / "LOBSTER_SampleFile_AMZN_2012-06-21_5.zip")]) == 0
+    assert main(["inspect", str(shared_data / "lobster")]) == 0  # the folder holding the sample zip
     (row,) = _lines(capsys)
     assert (row["format"], row["records"], row["levels"], row["crossed"], row["symbols"]) == (
         "lobster", 155_935, 5, 0, ["AMZN"])

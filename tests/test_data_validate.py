@@ -225,5 +225,5 @@ def test_fused_book_check_matches_row_by_row_reference():
             if rng.random() < 0.3:
                 bid_px[i, 0] = ask_px[i, 0] + rng.integers(0, 2)
         pre = int(rng.integers(0, n))
-        args = (ts, bid_px.astype(np.int64), bid_sz.astype(np.int64), ask_px.astype(np.int64), ask_sz.astype(np.int64), pre)
+        args = (ts, *(a.astype(np.int64) for a in (bid_px, bid_sz, ask_px, ask_sz)), pre)
         assert tuple(_first_book_violation(*args)) == _first_violation_reference(*args), trial

@@ -301,13 +301,16 @@ def test_sim_cuda_matches_cpu_and_steps_under_a_cuda_graph_without_host_syncs() 
     sc, sg = cpu.reset(0, 500, 20), gpu.reset(0, 500, 20)
     g = torch.Generator().manual_seed(1)
     acts = [torch.stack([torch.randint(0, b, (256,), generator=g) for b in (4, 3, 3, 3)], 1) for _ in range(50)]
+    acts_gpu = [a.cuda() for a in acts]  # host→device copies happen before the no-sync region
+    rewards_gpu = []
     torch.cuda.set_sync_debug_mode("error")
     try:
-        for a in acts:
-            rc, rg = cpu.step(sc, a).reward, gpu.step(sg, a.cuda()).reward
-            assert torch.allclose(rc, rg.cpu())
+        for a in acts_gpu:
+            rewards_gpu.append(gpu.step(sg, a).reward.clone())  # any host sync inside step raises here
     finally:
         torch.cuda.set_sync_debug_mode("default")
+    for a, rg in zip(acts, rewards_gpu):
+        assert torch.allclose(cpu.step(sc, a).reward, rg.cpu())
     assert all(torch.equal(x, y.cpu()) for x, y in zip(sc.state_dict().values(), sg.state_dict().values()))
     static_a = acts[0].cuda()
     stream = torch.cuda.Stream()

@@ -1,8 +1,17 @@
-"""Benchmarks: `python -m trainer.bench --sim-only --n-envs N --steps S --device cpu|cuda [--json]`.
+"""Benchmarks (commands that print tables; never timed tests).
+
+    python -m trainer.bench --sim-only --n-envs N --steps S --device cpu|cuda [--json]
+    python -m trainer.bench --n-envs N --steps S --mode eager|graph|both --device D [--preset h100] [--json]
+    python -m trainer.bench --sweep [--n-envs-list 256,1024,4096,16384] --device cuda     (the issue-8 table)
 
 --sim-only times `Simulator.step` alone (random actions on a random, well-formed DecisionTape) and reports
-env steps/s = n_envs x steps / seconds. On CUDA the step is captured once in a CUDA graph and replayed,
-as the training loop does. (The full act + learn step benchmark is added here by the loop.)
+env steps/s = n_envs x steps / seconds. On CUDA the step is captured once in a CUDA graph and replayed.
+
+The full step is the training loop's own `TrainStep` (act on n_envs envs with Thompson sampling → simulator step →
+n-step accumulate → replay add → replay sample → one C51 gradient step → priorities) on a random tape and random
+features of the preset's width, eager or captured as one CUDA graph. It reports steps/s, transitions/s
+(= steps/s x n_envs), ms per step, peak GPU memory, and achieved model TFLOP/s (matmul FLOPs counted analytically by
+torch.utils.flop_counter over one step) against a TF32 matmul ceiling measured in the same process.
 """
 from __future__ import annotations
 
@@ -86,6 +95,123 @@ def run_sim_bench(n_envs: int, steps: int, device: str, *, tape_rows: int = 20_0
     }
 
 
+def tf32_ceiling_tflops(device: torch.device, n: int = 8192, reps: int = 20) -> float:
+    """Measured TF32 matmul throughput (n x n x n float32 with TF32 on), the ceiling the model is compared to."""
+    torch.backends.cuda.matmul.allow_tf32 = True
+    a = torch.randn(n, n, device=device)
+    b = torch.randn(n, n, device=device)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    t0 = time.perf_counter()
+    for _ in range(reps):
+        a @ b
+    torch.cuda.synchronize(device)
+    return 2 * n**3 * reps / (time.perf_counter() - t0) / 1e12
+
+
+DEFAULT_WINDOW_ROWS = 2_600
+"""Training-window length of the full-step benchmark: 4 synthetic trading days at the default 100-event clock."""
+
+
+def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, tape_rows: int = DEFAULT_WINDOW_ROWS,
+                   agent: dict | None = None):
+    """A FoldTrainer at the preset's model size on a random tape with random features (no data pipeline)."""
+    import numpy as np
+
+    from trainer.loop.config import preset
+    from trainer.loop.fold import FoldTrainer, Window
+
+    cfg = preset(preset_name)
+    cfg = cfg.replace(sim={"n_envs": n_envs, "seed": seed}, loop={"device": device, "seed": seed, "learning_starts": 8},
+                      replay={"capacity": max(cfg.replay.capacity, 4 * n_envs)}, agent=agent or {})
+    tape = random_decision_tape(tape_rows, levels=10, radius=16, seed=seed)
+    features = np.random.default_rng(seed).standard_normal((tape_rows, 23)).astype(np.float32)
+    return FoldTrainer(cfg, features, tape, Window(0, tape_rows), fold=0)
+
+
+def step_flops(trainer) -> int:
+    """Matmul/conv FLOPs of one full step (act forward + target forwards + online forward/backward), counted by
+    torch.utils.flop_counter from the ops' shapes (analytic, not measured)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    counter = FlopCounterMode(display=False)
+    with counter:
+        trainer.step_fn()
+    return int(counter.get_total_flops())
+
+
+def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name: str = "h100",
+                   seed: int = 0, window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None) -> dict:
+    """Time `steps` full training steps; returns steps/s, transitions/s, ms/step, peak memory, losses."""
+    from trainer.loop.step import GraphedStep
+
+    dev = torch.device(device)
+    if mode not in ("eager", "graph"):
+        raise ValueError(f"mode must be eager or graph, got {mode!r}")
+    if mode == "graph" and dev.type != "cuda":
+        raise ValueError("graph mode needs --device cuda")
+    torch.manual_seed(seed)
+    trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent)
+    step = trainer.step_fn
+    for _ in range(trainer.cfg.loop.learning_starts):  # fill the replay past a batch (n-step rings mature)
+        step.act_and_store()
+    for _ in range(3):  # eager warm-up updates: lazy optimizer state, cuBLAS handles, allocator
+        step()
+    flops = step_flops(trainer)  # one more real step, counted
+    run = GraphedStep(step) if mode == "graph" else step
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)
+        torch.cuda.reset_peak_memory_stats(dev)
+    losses = []
+    t0 = time.perf_counter()
+    for i in range(steps):
+        run()
+    if dev.type == "cuda":
+        torch.cuda.synchronize(dev)  # host sync: end of the timed region only
+    seconds = time.perf_counter() - t0
+    losses.append(float(step.metrics.sums[0] / step.metrics.count.clamp(min=1)))
+    sps = steps / seconds
+    return {
+        "bench": "step", "mode": mode, "preset": preset_name, "n_envs": n_envs, "steps": steps,
+        "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
+        "batch_size": trainer.agent_cfg.batch_size, "encoder": trainer.agent_cfg.encoder,
+        "scan": trainer.agent_cfg.scan, "window_rows": window_rows, "act_by_row_table": step.table_rows is not None,
+        "steps_per_s": sps, "transitions_per_s": sps * n_envs, "ms_per_step": 1e3 / sps,
+        "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
+        "flops_per_step": flops, "model_tflops": flops * sps / 1e12, "mean_loss": losses[-1],
+        "torch": torch.__version__,
+    }
+
+
+def sweep(device: str, n_envs_list: list[int], steps: int, preset_name: str, window_rows: int = DEFAULT_WINDOW_ROWS,
+          agent: dict | None = None) -> list[dict]:
+    dev = torch.device(device)
+    ceiling = tf32_ceiling_tflops(dev) if dev.type == "cuda" else None
+    rows = []
+    for n in n_envs_list:
+        for mode in (("eager", "graph") if dev.type == "cuda" else ("eager",)):
+            r = run_step_bench(n, steps if mode == "graph" else max(steps // 4, 20), device, mode, preset_name,
+                               window_rows=window_rows, agent=agent)
+            r["tf32_ceiling_tflops"] = ceiling
+            rows.append(r)
+            print(json.dumps(r), flush=True)
+    return rows
+
+
+def print_table(rows: list[dict]) -> None:
+    print("| n_envs | mode | steps/s | transitions/s | ms/step | peak GiB | model TFLOP/s | % of TF32 ceiling |")
+    print("|---:|---|---:|---:|---:|---:|---:|---:|")
+    for r in rows:
+        peak = f"{r['peak_mem_gib']:.2f}" if r.get("peak_mem_gib") is not None else "-"
+        ceil = r.get("tf32_ceiling_tflops")
+        share = f"{100 * r['model_tflops'] / ceil:.2f}%" if ceil else "-"
+        print(f"| {r['n_envs']:,} | {r['mode']} | {r['steps_per_s']:,.1f} | {r['transitions_per_s']:,.0f} | "
+              f"{r['ms_per_step']:.3f} | {peak} | {r['model_tflops']:.3f} | {share} |")
+    if rows and rows[0].get("tf32_ceiling_tflops"):
+        print(f"TF32 matmul ceiling measured in this run: {rows[0]['tf32_ceiling_tflops']:.1f} TFLOP/s")
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--sim-only", action="store_true", help="benchmark the simulator step alone")
@@ -95,12 +221,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-cuda-graph", action="store_true", help="on CUDA, launch the step eagerly")
     parser.add_argument("--compile", action="store_true", help="torch.compile the step (compile time not timed)")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
+    parser.add_argument("--mode", choices=("eager", "graph", "both"), default="both",
+                        help="full step: eager, CUDA graph, or both side by side (graph needs CUDA)")
+    parser.add_argument("--preset", default="h100", help="model/replay size of the full step (h100 or smoke)")
+    parser.add_argument("--sweep", action="store_true", help="full step over --n-envs-list, eager and graph")
+    parser.add_argument("--n-envs-list", default="256,1024,4096,16384", help="n_envs values for --sweep")
+    parser.add_argument("--window-rows", type=int, default=DEFAULT_WINDOW_ROWS,
+                        help="full step: rows of the training window (acting encodes min(n_envs, rows) windows)")
+    parser.add_argument("--encoder", choices=("mamba", "gru"), help="full step: override the preset's encoder")
+    parser.add_argument("--scan", choices=("parallel", "sequential"), help="full step: Mamba selective-scan variant")
     args = parser.parse_args(argv)
+    agent = {k: v for k, v in {"encoder": args.encoder, "scan": args.scan}.items() if v}
     try:
-        if not args.sim_only:
-            raise ValueError("only --sim-only is implemented so far")
         if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
             raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
+        if args.sweep:
+            rows = sweep(args.device, [int(x) for x in args.n_envs_list.split(",")], args.steps, args.preset,
+                         args.window_rows, agent)
+            print_table(rows)
+            return 0
+        if not args.sim_only:
+            modes = ("eager", "graph") if args.mode == "both" else (args.mode,)
+            if torch.device(args.device).type != "cuda":
+                modes = tuple(m for m in modes if m == "eager")
+            rows = [run_step_bench(args.n_envs, args.steps, args.device, m, args.preset, window_rows=args.window_rows,
+                                   agent=agent) for m in modes]
+            if args.json:
+                for r in rows:
+                    print(json.dumps(r))
+            else:
+                print_table(rows)
+            return 0
         result = run_sim_bench(args.n_envs, args.steps, args.device, cuda_graph=not args.no_cuda_graph,
                                compile=args.compile)
     except Exception as exc:  # process edge: one clear line on stderr, exit code per DESIGN.md

@@ -56,6 +56,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--resume-from", type=Path, help="resume from this checkpoint file instead of the newest valid one")
     p.add_argument("--fold-mode", choices=("independent", "chain"), default="independent",
                    help="independent: train from scratch; chain: warm-start from fold N-1's final state")
+    p.add_argument("--chain-wait-seconds", type=float, default=0.0,
+                   help="chain mode: wait this long for fold N-1's result.json before refusing (exit 2)")
     p.add_argument("--embargo-rows", type=int, default=0, help="decision rows left out between windows")
     p.add_argument("--attempt", type=int, default=0, help="retry attempt number (Argo {{retries}}), logged")
     p.add_argument("--s3-bucket", default=os.environ.get("ALPHA_RL_S3_BUCKET"),
@@ -203,6 +205,10 @@ def run(args: argparse.Namespace) -> int:
     if result_path.exists():
         log.event("done_already", result=str(result_path), attempt=args.attempt)
         return EXIT_OK
+    if args.fold_mode == "chain" and args.fold > 0:
+        from trainer.folds.chain import wait_for_previous
+
+        wait_for_previous(args.run_dir, args.fold, args.chain_wait_seconds)  # InputError (exit 2) if unfinished
     fold_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     log.event("start", attempt=args.attempt, run_dir=str(args.run_dir), folds=args.folds, data=cfg.data,
@@ -224,6 +230,10 @@ def run(args: argparse.Namespace) -> int:
         _write_run_json(args.run_dir, cfg, fs, trainer)
         mirror = _s3_mirror(args, fold_dir)
         resumed = restore(trainer, fold_dir, fp, args.resume_from, log)
+        if resumed is None and args.fold_mode == "chain" and args.fold > 0:
+            from trainer.folds.chain import warm_start
+
+            log.event("chain_warm_start", **warm_start(trainer, args.run_dir, fp))
         log.event("resume" if resumed else "fresh", attempt=args.attempt,
                   checkpoint=resumed["path"] if resumed else None, env_step=trainer.env_step)
         meta = {"fingerprint": fp, "fold": args.fold, "folds": args.folds}
@@ -245,8 +255,14 @@ def run(args: argparse.Namespace) -> int:
         def greedy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
             return trainer.learner.act(obs, env_state, explore=False)
 
+        from trainer.folds.baselines import run_baselines
+        from trainer.folds.evaluate import EvalConfig
+
+        eval_cfg = EvalConfig(n_envs=cfg.loop.eval_envs)
+        baselines = run_baselines(fs.names, trainer.features, fs.decision, cfg.sim, trainer.agent_cfg.window,
+                                  eval_w.start, eval_w.stop, eval_cfg, seed=cfg.loop.seed)
         res = evaluate(greedy, trainer.features, fs.decision, cfg.sim, trainer.agent_cfg.window,
-                       eval_w.start, eval_w.stop, cfg.loop.eval_envs)
+                       eval_w.start, eval_w.stop, cfg=eval_cfg)
         train_stats = {k: float(v) for k, v in trainer.sim.stats(trainer.state).items()}
         from trainer.loop.fold import direction_entropy
 
@@ -262,6 +278,8 @@ def run(args: argparse.Namespace) -> int:
             "feature_key": fs.key,
             "wall_seconds": round(trainer.wall_seconds, 3),
             "checkpoint_seconds": round(ckpt.seconds, 3),
+            "fold_mode": args.fold_mode,
+            "baselines": baselines,
         }
         np.save(fold_dir / "equity.npy", res.equity)  # continuous-pass equity curve for the report
         atomic_write_text(result_path, json.dumps(result, indent=2, sort_keys=True) + "\n")

@@ -136,8 +136,8 @@ class AgentConfig:
             raise bad("n_atoms", "must be an integer >= 2")
         for f in ("v_min", "v_max", "gamma", "lr", "weight_decay", "adam_eps", "tau", "clip_k",
                   "clip_init", "clip_min", "clip_max", "grad_ema_fast", "grad_ema_slow", "stat_ema",
-                  "drift_ref", "drift_tau_floor", "drift_lr_floor", "kill_mad_k", "kill_mad_floor", "kill_mad_floor_rel",
-                  "kill_q_floor", "kill_q_floor_return_mult", "kill_collapse_eps"):
+                  "drift_ref", "drift_tau_floor", "drift_lr_floor", "kill_mad_k", "kill_mad_floor",
+                  "kill_mad_floor_rel", "kill_q_floor", "kill_q_floor_return_mult", "kill_collapse_eps"):
             if not math.isfinite(getattr(self, f)):
                 raise bad(f, "must be finite")
         if not self.v_min < self.v_max:

@@ -81,11 +81,12 @@ class KillMonitor:
         self.window[slot] = torch.where(have_q, q, self.window[slot])
         self.window_pos.add_(have_q.long())
         a[Q_SUM], a[RET_SUM], a[N_INTERVAL] = 0.0, 0.0, 0.0
-        report = torch.stack([a[NON_FINITE], a[COLLAPSED], drift.double(), q, median, torch.maximum(mad, mad_floor), q_floor,
-                              a[ZERO_RUN], a[UPDATES], n]).tolist()  # HOST SYNC: the only one per log interval
+        report = torch.stack([a[NON_FINITE], a[COLLAPSED], drift.double(), q, median, torch.maximum(mad, mad_floor),
+                              q_floor, a[ZERO_RUN], a[UPDATES], n]).tolist()  # HOST SYNC: the only one per interval
         non_finite, collapsed, drift_hit, q, median, mad, q_floor, zero_run, updates, n = report
         if non_finite:
-            raise KillCriterion("non_finite", f"non-finite loss or gradient norm within the first {updates:.0f} updates")
+            raise KillCriterion("non_finite",
+                                f"non-finite loss or gradient norm within the first {updates:.0f} updates")
         if collapsed:
             raise KillCriterion("grad_collapse", f"{zero_run:.0f} consecutive gradient norms below "
                                 f"{cfg.kill_collapse_eps:g} (at update {updates:.0f})")

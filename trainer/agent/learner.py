@@ -68,9 +68,12 @@ class Learner:
 
     @torch.no_grad()
     def polyak_update(self, tau: Tensor | float) -> None:
-        """θ_target ← θ_target + τ (θ_online - θ_target). τ = 1 copies exactly (lerp computes
-        end - (end - start)(1 - w) for w >= 0.5), τ = 0 leaves the target untouched."""
-        torch._foreach_lerp_(self.target_params, self.params, tau)
+        """θ_target ← (1 − τ) θ_target + τ θ_online. τ = 1 copies exactly (0·θ_target + 1·θ_online), τ = 0 leaves
+        the target untouched. Written as foreach mul/add because `_foreach_lerp_` takes τ as a Python scalar,
+        which would be a host sync (and breaks CUDA-graph capture) when τ is the controller's device tensor."""
+        keep = 1.0 - tau
+        torch._foreach_mul_(self.target_params, keep)
+        torch._foreach_add_(self.target_params, torch._foreach_mul(self.params, tau))
 
     def update(self, batch: Batch | tuple[Tensor, ...]) -> dict[str, Tensor]:
         """One gradient step. Returns 0-dim device tensors (loss, q_mean, grad_norm, lr, clip, tau,

@@ -198,9 +198,16 @@ class QNetwork(nn.Module):
 
     def forward(self, obs: Tensor, env_state: Tensor) -> Tensor:
         """obs (B, W, F) float32, env_state (B, S) -> logits (B, n_branches, A_max, n_atoms)."""
-        batch = obs.shape[0]
+        return self.head(self.encoder(obs), env_state)
+
+    def head(self, z: Tensor, env_state: Tensor) -> Tensor:
+        """Encoded windows z (B, d_model) and env_state (B, S) -> logits (B, n_branches, A_max, n_atoms).
+
+        Split from `forward` because the encoder reads only the feature window, a function of the decision row:
+        acting can encode each row of the window once and gather by row (see trainer/loop/step.py)."""
+        batch = z.shape[0]
         n_atoms, a_max = self.cfg.n_atoms, self.cfg.max_actions
-        h = self.torso(torch.cat([self.encoder(obs), env_state], dim=-1))  # (B, H)
+        h = self.torso(torch.cat([z, env_state], dim=-1))  # (B, H)
         v = self.value(h).unsqueeze(1)  # (B, 1, N)
         branches = []
         for stream, a_b in zip(self.advantages, self.cfg.branch_sizes):

@@ -335,8 +335,8 @@ class PrioritizedReplay:
         self.next_env_state.index_copy_(0, dest, transitions.next_env_state.to(torch.float32))
         self.priority.index_copy_(0, dest, self.max_priority.expand(n))
         self.priority_alpha.index_copy_(0, dest, self._pow_alpha(self.max_priority).expand(n))
-        self.priority[self.capacity] = 0.0  # scratch slot never counts
-        self.priority_alpha[self.capacity] = 0.0
+        self.priority[self.capacity:].zero_()  # scratch slot never counts (a kernel, not a host→device copy)
+        self.priority_alpha[self.capacity:].zero_()
         count = v.sum()
         self.write_ptr.copy_(torch.remainder(self.write_ptr + count, self.capacity))
         self.size.copy_(torch.clamp(self.size + count, max=self.capacity))

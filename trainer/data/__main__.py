@@ -29,7 +29,7 @@ def _is_lobster(p: Path) -> bool:
     from trainer.data.lobster import _NAME_RE
 
     if p.is_dir():
-        return any(_NAME_RE.match(f.name) for f in p.iterdir())
+        return any(_NAME_RE.match(f.name) for f in p.iterdir()) or len(list(p.glob("*.zip"))) == 1
     return p.suffix in (".zip", ".csv")
 
 

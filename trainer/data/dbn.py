@@ -28,7 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
-import numba
+from trainer.jit import njit
 import numpy as np
 
 from trainer.data.tape import BUY, SELL, UNKNOWN, BookSeries, Instrument, MarketTape, TradeSeries
@@ -248,7 +248,7 @@ def _tick_nanos(tick_size: float) -> int:
 _W_LEVEL0 = 6
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _mbp10_fill(words, tick_nanos, bid_px, bid_sz, ask_px, ask_sz):  # pragma: no cover - compiled
     """(n, 46) int64 record words -> ticks/sizes into the (n, 10) outputs; (first bad row, rule code).
 

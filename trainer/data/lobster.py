@@ -81,6 +81,9 @@ def find_lobster_pair(path: str | Path) -> tuple[dict[str, bytes], dict[str, str
     p = Path(path)
     if p.is_dir():
         members = {f.name: f for f in p.iterdir() if _NAME_RE.match(f.name)}
+        zips = sorted(p.glob("*.zip"))
+        if not members and len(zips) == 1:  # a folder holding one LOBSTER sample zip, as downloaded
+            return find_lobster_pair(zips[0])
         reader = lambda name: require_file(members[name]).read_bytes()  # noqa: E731
         label = lambda name: str(members[name])  # noqa: E731
     elif p.suffix == ".zip":

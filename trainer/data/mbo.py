@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import numba
+from trainer.jit import njit
 import numpy as np
 
 from trainer.data.dbn import (
@@ -63,7 +63,7 @@ def decode_mbo(records: np.ndarray) -> dict[str, np.ndarray]:
     return {"action": action, "side": side, "clear": clear, "last": (flags & F_LAST) != 0}
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _rebuild_kernel(action, side, clear, last, oid_idx, px_idx, size, n_orders, n_prices, levels):  # pragma: no cover
     n = action.shape[0]
     n_out = 0

@@ -37,7 +37,7 @@ from pathlib import Path
 
 import databento_dbn as dbn
 import numpy as np
-from numba import njit
+from trainer.jit import njit
 
 from trainer.errors import exit_code_for
 

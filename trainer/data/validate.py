@@ -10,7 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-import numba
+from trainer.jit import njit
 import numpy as np
 
 from trainer.data.tape import MarketTape
@@ -132,7 +132,7 @@ def check_book(
     raise origin.error(row, rule)
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _first_book_violation(ts_ns, bid_px, bid_sz, ask_px, ask_sz, preopen_end_ns):  # pragma: no cover
     """(first bad row, rule code) or (-1, 0). Codes: 1/2 negative bid/ask size, 3/4 non-positive
     bid/ask price on a present level, 5 best bid >= best ask at or after the pre-open end."""

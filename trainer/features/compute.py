@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-import numba
+from trainer.jit import njit
 import numpy as np
 
 from trainer.data.tape import BUY, SELL, UNKNOWN, Instrument, MarketTape
@@ -39,7 +39,7 @@ def feature_names(cfg: FeatureConfig, levels: int) -> list[str]:
     )
 
 
-@numba.njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True)
 def _ofi_between_decisions(bid_px, bid_sz, ask_px, ask_sz, rows, n_levels):  # pragma: no cover - numba
     """(T, K) int64 order-flow imbalance per level summed over book events in (rows[t-1], rows[t]].
 

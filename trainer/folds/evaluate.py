@@ -1,8 +1,15 @@
 """Out-of-sample evaluation of a policy on the eval window: parallel segment backtests plus one continuous pass.
 
-Segments: `n_envs` greedy backtests start at evenly spaced rows and each replays its own slice, so together they
-cover the window once (trade statistics, win rate, PnL, fees, hold fraction, action frequencies). The continuous
-pass is one env that replays the whole window from its first usable row (equity curve → Sharpe, drawdown).
+Segments: `n_envs` backtests start at evenly spaced rows and each replays its own slice of `seg_len` steps, so
+together they cover the window once; a last step then sends every env a FLAT market order, so positions still
+open at a segment's end are closed and counted (trade statistics, win rate, PnL, fees). Action frequencies and the
+hold fraction are read before that forced step, so they are the policy's own. The continuous pass is one env that
+replays the whole window from its first usable row, recording equity and position per step (equity curve → bar
+returns → Sharpe, Sortino, drawdown, Calmar; position path → holding times). The simulator flattens it at the
+window's last row.
+
+Every policy — the agent's greedy argmax and the baselines in `trainer.folds.baselines` — runs through this same
+function, so their numbers compare like for like.
 """
 from __future__ import annotations
 
@@ -15,10 +22,34 @@ import numpy as np
 import torch
 
 from trainer.features.decision import DecisionTape
-from trainer.sim import Simulator, SimConfig
+from trainer.folds.metrics import TRADING_DAYS_PER_YEAR, bars_per_day, entropy_nats, equity_metrics, holding_time
+from trainer.sim import FLAT, MARKET, Simulator, SimConfig
+from trainer.sim.actions import DIRECTION_NAMES
 
 # policy(obs (B, W, F), env_state (B, S)) -> actions (B, n_branches) int64
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+
+HEADLINE = ("win_rate", "net_pnl", "gross_pnl", "fees", "trades", "sharpe", "max_drawdown", "hold_frac",
+            "mean_holding_seconds", "turnover_contracts")
+"""The metrics kept for baselines in result.json (a small dict each)."""
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    n_envs: int = 256
+    """Segment backtests spread over the eval window (capped at the number of usable steps)."""
+    bar_seconds: int = 300
+    """Bar length of the returns behind Sharpe / Sortino / Calmar (see trainer.folds.metrics)."""
+    day_offset_hours: float = 0.0
+    """Trading days start at UTC midnight + this (e.g. -2 for CME Globex's 22:00 UTC open); used to count bars per day."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.n_envs, int) and self.n_envs >= 1):
+            raise ValueError(f"EvalConfig.n_envs must be an int >= 1, got {self.n_envs!r}")
+        if not (isinstance(self.bar_seconds, int) and self.bar_seconds >= 1):
+            raise ValueError(f"EvalConfig.bar_seconds must be an int >= 1, got {self.bar_seconds!r}")
+        if not (math.isfinite(self.day_offset_hours) and -24 < self.day_offset_hours < 24):
+            raise ValueError(f"EvalConfig.day_offset_hours must be in (-24, 24), got {self.day_offset_hours!r}")
 
 
 @dataclass
@@ -26,6 +57,7 @@ class EvalResult:
     metrics: dict[str, float]
     equity: np.ndarray  # (steps + 1,) float64 continuous-pass equity in currency, starting at 0
     ts_ns: np.ndarray  # (steps + 1,) int64 decision times of the equity points
+    position: np.ndarray  # (steps + 1,) int64 continuous-pass position (contracts) at the equity points
 
 
 def _gather(features: torch.Tensor, rows: torch.Tensor, window: int) -> torch.Tensor:
@@ -33,84 +65,101 @@ def _gather(features: torch.Tensor, rows: torch.Tensor, window: int) -> torch.Te
     return features[rows[:, None] - offsets[None, :]]  # (B, W, F)
 
 
+def _flat_all(n: int, device: torch.device) -> torch.Tensor:
+    a = torch.zeros(n, 4, dtype=torch.int64, device=device)  # (n, n_branches): magnitude/urgency ignored by FLAT
+    a[:, 0], a[:, 2] = FLAT, MARKET
+    return a
+
+
 @torch.no_grad()
-def _replay(policy: Policy, features: torch.Tensor, sim: Simulator, start_rows: torch.Tensor, steps: int,
-            window: int, start: int, stop: int, track_equity: bool) -> tuple[dict, np.ndarray]:
+def _segments(policy: Policy, features: torch.Tensor, sim: Simulator, start_rows: torch.Tensor, steps: int,
+              window: int, start: int, stop: int) -> tuple[dict, dict]:
+    """(stats after the closing FLAT step, stats before it) of the segment backtests."""
     state = sim.reset(start, stop, min_history=window - 1, start_rows=start_rows)
-    equity = [sim.equity(state).double()] if track_equity else []
     for _ in range(steps):
         obs = _gather(features, state.cursor, window)
         sim.step(state, policy(obs, sim.env_features(state)))
-        if track_equity:
-            equity.append(sim.equity(state).double())
+    policy_stats = {k: float(v) for k, v in sim.stats(state).items()}  # host sync, once per evaluation
+    sim.step(state, _flat_all(sim.cfg.n_envs, features.device))  # close what is still open
+    return {k: float(v) for k, v in sim.stats(state).items()}, policy_stats
+
+
+@torch.no_grad()
+def _continuous(policy: Policy, features: torch.Tensor, sim: Simulator, first: int, steps: int, window: int,
+                start: int, stop: int) -> tuple[dict, np.ndarray, np.ndarray]:
+    """One env over the whole window: (stats, equity (steps+1,), position (steps+1,))."""
+    dev = features.device
+    state = sim.reset(start, stop, min_history=window - 1, start_rows=torch.tensor([first], device=dev))
+    equity = torch.empty(steps + 1, dtype=torch.float64, device=dev)  # (steps + 1,) filled on the device
+    position = torch.empty(steps + 1, dtype=torch.int64, device=dev)
+    equity[0], position[0] = sim.equity(state)[0], state.position[0]
+    for k in range(steps):
+        obs = _gather(features, state.cursor, window)
+        sim.step(state, policy(obs, sim.env_features(state)))
+        equity[k + 1], position[k + 1] = sim.equity(state)[0], state.position[0]
     stats = {k: float(v) for k, v in sim.stats(state).items()}  # host sync, once per evaluation
-    curve = torch.stack(equity).sum(1).cpu().numpy() if track_equity else np.zeros(0)
-    return stats, curve
-
-
-def equity_metrics(equity: np.ndarray, periods_per_year: float) -> dict[str, float]:
-    """Sharpe, Sortino, max drawdown and Calmar of an equity curve in currency (per-step PnL changes).
-
-    Returns are per-step PnL changes (currency); Sharpe = mean/std × sqrt(periods_per_year), Sortino uses the
-    downside deviation (root mean square of the negative changes). Max drawdown is the largest peak-to-trough fall
-    of the equity (currency, >= 0); Calmar = annualised PnL / max drawdown.
-    """
-    pnl = np.diff(np.asarray(equity, dtype=np.float64))
-    out = {"sharpe": 0.0, "sortino": 0.0, "max_drawdown": 0.0, "calmar": 0.0}
-    if pnl.size == 0:
-        return out
-    ann = math.sqrt(periods_per_year)
-    sd = pnl.std()
-    out["sharpe"] = float(pnl.mean() / sd * ann) if sd > 0 else 0.0
-    downside = math.sqrt(float(np.mean(np.minimum(pnl, 0.0) ** 2)))
-    out["sortino"] = float(pnl.mean() / downside * ann) if downside > 0 else 0.0
-    peak = np.maximum.accumulate(np.concatenate([[0.0], equity]))
-    out["max_drawdown"] = float(np.max(peak - np.concatenate([[0.0], equity])))
-    annual_pnl = pnl.mean() * periods_per_year
-    out["calmar"] = float(annual_pnl / out["max_drawdown"]) if out["max_drawdown"] > 0 else 0.0
-    return out
+    return stats, equity.cpu().numpy(), position.cpu().numpy()
 
 
 def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg: SimConfig, window: int,
-             start: int, stop: int, n_envs: int) -> EvalResult:
-    """Evaluate `policy` on rows [start, stop) of `tape` (features already normalised, on the device)."""
+             start: int, stop: int, n_envs: int | None = None, cfg: EvalConfig | None = None) -> EvalResult:
+    """Evaluate `policy` on rows [start, stop) of `tape` (features already normalised, on the device).
+
+    `n_envs` (if given) overrides cfg.n_envs. Metrics (currency = tape tick_value units):
+      win_rate, trades          closed round trips of the segment backtests and the share with net PnL > 0
+      net_pnl, gross_pnl, fees  over those trips (fees: every fill, incl. the closing step)
+      turnover_contracts        contracts filled (maker + taker) in the segments; turnover_per_step per env step
+      hold_frac, action_freq    HOLD share and per-direction shares of the policy's own actions
+      eval_dir_entropy          entropy (nats) of action_freq
+      limit_fill_rate           limit orders completely filled / placed
+      sharpe, sortino, max_drawdown, calmar, annual_pnl   continuous pass, bar returns (trainer.folds.metrics)
+      mean_holding_steps/_seconds   continuous pass, closed trips
+    """
+    cfg = cfg or EvalConfig()
+    if n_envs is not None:
+        cfg = dataclasses.replace(cfg, n_envs=n_envs)
     device = features.device
     first = start + window - 1  # the first row with a full observation window inside the eval window
     span = stop - 1 - first  # steps a single env can take without reaching the window's last row
     if span < 1:
         raise ValueError(f"eval window [{start}, {stop}) is too short for an observation window of {window}")
-    n_envs = max(1, min(n_envs, span))
-    seg_len = span // n_envs
-    seg_cfg = dataclasses.replace(sim_cfg, n_envs=n_envs)
-    seg_sim = Simulator(tape, seg_cfg, device)
-    starts = first + torch.arange(n_envs, device=device, dtype=torch.int64) * seg_len
-    seg_stats, _ = _replay(policy, features, seg_sim, starts, seg_len, window, start, stop, track_equity=False)
+    n_seg = max(1, min(cfg.n_envs, span))
+    seg_len = span // n_seg
+    seg_sim = Simulator(tape, dataclasses.replace(sim_cfg, n_envs=n_seg), device)
+    starts = first + torch.arange(n_seg, device=device, dtype=torch.int64) * seg_len
+    seg, seg_policy = _segments(policy, features, seg_sim, starts, seg_len, window, start, stop)
 
     one_sim = Simulator(tape, dataclasses.replace(sim_cfg, n_envs=1), device)
-    one_start = torch.tensor([first], device=device, dtype=torch.int64)
-    cont_stats, equity = _replay(policy, features, one_sim, one_start, span, window, start, stop, track_equity=True)
+    cont, equity, position = _continuous(policy, features, one_sim, first, span, window, start, stop)
+    equity = equity - equity[0]
 
     ts = np.asarray(tape.ts_ns[first:first + span + 1], dtype=np.int64)
-    days = max((int(ts[-1]) - int(ts[0])) / 86_400e9, 1e-9)
-    periods_per_year = span / days * 252.0  # decision steps per trading day (observed) × 252 days
-    actions = np.array([seg_stats[f"actions_{d}"] for d in ("short", "hold", "long", "flat")], dtype=np.float64)
+    bar_ns = cfg.bar_seconds * 1_000_000_000
+    day_offset_ns = int(round(cfg.day_offset_hours * 3600e9))
+    bars_year = TRADING_DAYS_PER_YEAR * bars_per_day(np.asarray(tape.ts_ns), bar_ns, day_offset_ns)
+    actions = np.array([seg_policy[f"actions_{d}"] for d in DIRECTION_NAMES], dtype=np.float64)
     freq = actions / max(actions.sum(), 1.0)
+    turnover = seg["maker_qty"] + seg["taker_qty"]
     metrics = {
-        "win_rate": seg_stats["win_rate"],
-        "net_pnl": seg_stats["net_pnl"],
-        "gross_pnl": seg_stats["gross_pnl"],
-        "fees": seg_stats["fees"],
-        "trades": int(seg_stats["round_trips"]),
-        "hold_frac": seg_stats["hold_frac"],
-        "limit_fill_rate": seg_stats["limit_fill_rate"],
-        "turnover_contracts": seg_stats["maker_qty"] + seg_stats["taker_qty"],
-        "action_freq": {d: float(f) for d, f in zip(("short", "hold", "long", "flat"), freq)},
-        "eval_envs": n_envs,
-        "eval_steps": n_envs * seg_len,
-        "continuous_net_pnl": float(equity[-1] - equity[0]),
-        "continuous_trades": int(cont_stats["round_trips"]),
-        "continuous_win_rate": cont_stats["win_rate"],
-        "periods_per_year": periods_per_year,
-        **equity_metrics(equity - equity[0], periods_per_year),
+        "win_rate": seg["win_rate"],
+        "net_pnl": seg["net_pnl"],
+        "gross_pnl": seg["gross_pnl"],
+        "fees": seg["fees"],
+        "trades": int(seg["round_trips"]),
+        "hold_frac": seg_policy["hold_frac"],
+        "limit_fill_rate": seg["limit_fill_rate"],
+        "limit_orders": int(seg["limit_orders"]),
+        "turnover_contracts": turnover,
+        "turnover_per_step": turnover / max(n_seg * seg_len, 1),
+        "action_freq": {d: float(f) for d, f in zip(DIRECTION_NAMES, freq)},
+        "eval_dir_entropy": entropy_nats(actions),
+        "eval_envs": n_seg,
+        "eval_steps": n_seg * seg_len,
+        "continuous_net_pnl": float(equity[-1]),
+        "continuous_trades": int(cont["round_trips"]),
+        "continuous_win_rate": cont["win_rate"],
+        "bar_seconds": cfg.bar_seconds,
+        **equity_metrics(equity, ts, bar_ns, bars_year),
+        **holding_time(position, ts),
     }
-    return EvalResult(metrics=metrics, equity=equity - equity[0], ts_ns=ts)
+    return EvalResult(metrics=metrics, equity=equity, ts_ns=ts, position=position)

@@ -9,6 +9,7 @@ from dataclasses import dataclass
 
 import torch
 
+from trainer.agent.act import select_actions
 from trainer.agent.learner import Batch, Learner
 from trainer.agent.replay import NStepAccumulator, PrioritizedReplay
 from trainer.sim import Simulator
@@ -46,8 +47,15 @@ class TrainStep:
     """Closure over the fold's persistent state; `act_and_store()` before learning starts, `__call__()` after."""
 
     def __init__(self, features: torch.Tensor, sim: Simulator, state, learner: Learner, nstep: NStepAccumulator,
-                 replay: PrioritizedReplay, window: int, batch_size: int, dir_counts: torch.Tensor):
+                 replay: PrioritizedReplay, window: int, batch_size: int, dir_counts: torch.Tensor,
+                 row_range: tuple[int, int] | None = None):
         self.features, self.sim, self.state = features, sim, state
+        # Acting by row table: the encoder reads only the feature window, a function of the decision row, so when
+        # the window has fewer usable rows than there are envs, encoding each row once and gathering by cursor
+        # does less work than encoding every env's window (same values; a shape-static choice made here).
+        self.table_rows = None
+        if row_range is not None and row_range[1] - row_range[0] < state.cursor.shape[0]:
+            self.table_rows = torch.arange(row_range[0], row_range[1], device=features.device)  # (R,)
         self.learner, self.nstep, self.replay = learner, nstep, replay
         self.window, self.batch_size = window, batch_size
         self.metrics = StepMetrics.zeros(features.device)
@@ -57,8 +65,16 @@ class TrainStep:
         state = self.state
         row = state.cursor.clone()  # (n_envs,) decision row observed now
         env_state = self.sim.env_features(state)  # (n_envs, S)
-        obs = gather_windows(self.features, row, self.window)  # (n_envs, W, F)
-        actions = self.learner.act(obs, env_state, explore=True)  # (n_envs, n_branches) Thompson on direction
+        if self.table_rows is None:
+            obs = gather_windows(self.features, row, self.window)  # (n_envs, W, F)
+            actions = self.learner.act(obs, env_state, explore=True)  # (n_envs, n_branches) Thompson on direction
+        else:
+            net = self.learner.online
+            with torch.no_grad():
+                z_table = net.encoder(gather_windows(self.features, self.table_rows, self.window))  # (R, d_model)
+                z = z_table.index_select(0, row - self.table_rows[0])  # (n_envs, d_model)
+                logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
+                actions = select_actions(logits, net.support, net.action_mask, explore=True)
         out = self.sim.step(state, actions)
         next_env_state = self.sim.env_features(state)
         transitions, valid = self.nstep.push(row, env_state, actions, out.reward, out.done, state.cursor,

@@ -1,1 +1,147 @@
-"""trainer.report"""
+"""Cross-fold summary of a run: per-fold out-of-sample metrics, baselines, success gates and a verdict.
+
+`summarise(run_dir)` reads RUN/fold<N>/result.json (written by `python -m trainer.train`) and returns the dict
+that `python -m trainer.report` writes to RUN/summary.json. Pure file reading: no torch, no training code.
+
+Gates (the seed plan's; thresholds in `GateConfig`), each evaluated over every fold present:
+  win_rate_every_fold      out-of-sample win rate per round trip > 0.55 on every fold
+  win_rate_floor           no fold below 0.50 (implied by the first; reported separately so a run that misses the
+                           target but never loses more often than it wins is told apart from one that does)
+  dir_entropy              the training direction-choice entropy is not collapsed: >= 0.25 · ln 4 nats on every fold
+  hold_frac                the evaluation hold fraction lies within [0.30, 0.70] on every fold
+  complete                 every fold 0..K-1 has a result (K from the results' `folds`)
+verdict: "pass" when every gate passes, "incomplete" when folds are missing, else "fail".
+"""
+from __future__ import annotations
+
+import json
+import math
+import re
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from trainer.errors import InputError
+from trainer.folds.metrics import t_statistic
+
+FOLD_DIR = re.compile(r"^fold(\d+)$")
+REQUIRED = ("fold", "folds", "win_rate", "net_pnl", "hold_frac", "dir_entropy")
+TABLE_METRICS = ("win_rate", "trades", "net_pnl", "gross_pnl", "fees", "sharpe", "sortino", "max_drawdown", "calmar",
+                 "turnover_contracts", "hold_frac", "mean_holding_seconds", "limit_fill_rate", "dir_entropy",
+                 "eval_dir_entropy")
+
+
+@dataclass(frozen=True)
+class GateConfig:
+    min_win_rate: float = 0.55
+    """Every fold's out-of-sample win rate must be strictly above this."""
+    floor_win_rate: float = 0.50
+    """No fold's win rate may be below this."""
+    min_dir_entropy_nats: float = 0.25 * math.log(4.0)
+    """Training direction entropy (nats) at or above this on every fold (ln 4 = 1.386 is uniform, 0 collapsed)."""
+    hold_frac_min: float = 0.30
+    """Lowest acceptable evaluation hold fraction."""
+    hold_frac_max: float = 0.70
+    """Highest acceptable evaluation hold fraction."""
+
+    def __post_init__(self) -> None:
+        for name in ("min_win_rate", "floor_win_rate", "hold_frac_min", "hold_frac_max"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and 0.0 <= v <= 1.0):
+                raise ValueError(f"GateConfig.{name} must be in [0, 1], got {v!r}")
+        if not (math.isfinite(self.min_dir_entropy_nats) and self.min_dir_entropy_nats >= 0):
+            raise ValueError(f"GateConfig.min_dir_entropy_nats must be finite and >= 0, got {self.min_dir_entropy_nats!r}")
+        if self.hold_frac_min > self.hold_frac_max:
+            raise ValueError(f"GateConfig.hold_frac_max must be >= hold_frac_min, got {self.hold_frac_max!r}")
+
+
+def read_results(run_dir: Path) -> list[dict[str, Any]]:
+    """Every RUN/fold<N>/result.json, sorted by fold; InputError for an unreadable one or a missing field."""
+    run_dir = Path(run_dir)
+    if not run_dir.is_dir():
+        raise InputError(run_dir, None, "run directory does not exist")
+    results = []
+    for d in sorted(run_dir.iterdir()):
+        m = FOLD_DIR.match(d.name)
+        path = d / "result.json"
+        if not (m and path.is_file()):
+            continue
+        try:
+            r = json.loads(path.read_text())
+        except (OSError, json.JSONDecodeError) as exc:
+            raise InputError(path, None, f"unreadable result: {exc}") from None
+        if not isinstance(r, dict):
+            raise InputError(path, None, "result must be a JSON object")
+        missing = [k for k in REQUIRED if k not in r]
+        if missing:
+            raise InputError(path, None, f"result lacks {missing}")
+        if r["fold"] != int(m.group(1)):
+            raise InputError(path, None, f"result says fold {r['fold']} but lives in {d.name}")
+        results.append(r)
+    results.sort(key=lambda r: r["fold"])
+    return results
+
+
+def _gate(rule: str, values: dict[int, float], ok) -> dict[str, Any]:
+    failing = sorted(f for f, v in values.items() if not ok(v))
+    return {"rule": rule, "passed": bool(values) and not failing, "failing_folds": failing,
+            "values": {str(f): v for f, v in sorted(values.items())}}
+
+
+def gates(folds: list[dict[str, Any]], expected: int, cfg: GateConfig = GateConfig()) -> dict[str, dict[str, Any]]:
+    win = {f["fold"]: float(f["win_rate"]) for f in folds}
+    ent = {f["fold"]: float(f["dir_entropy"]) for f in folds}
+    hold = {f["fold"]: float(f["hold_frac"]) for f in folds}
+    present = {f["fold"] for f in folds}
+    missing = [i for i in range(expected) if i not in present]
+    return {
+        "win_rate_every_fold": _gate(f"win_rate > {cfg.min_win_rate:g} on every fold", win,
+                                     lambda v: v > cfg.min_win_rate),
+        "win_rate_floor": _gate(f"no fold with win_rate < {cfg.floor_win_rate:g}", win,
+                                lambda v: v >= cfg.floor_win_rate),
+        "dir_entropy": _gate(f"training direction entropy >= {cfg.min_dir_entropy_nats:.3f} nats on every fold", ent,
+                             lambda v: v >= cfg.min_dir_entropy_nats),
+        "hold_frac": _gate(f"hold fraction in [{cfg.hold_frac_min:g}, {cfg.hold_frac_max:g}] on every fold", hold,
+                           lambda v: cfg.hold_frac_min <= v <= cfg.hold_frac_max),
+        "complete": {"rule": f"all {expected} folds have a result", "passed": not missing, "failing_folds": missing,
+                     "values": {}},
+    }
+
+
+def summarise(run_dir: str | Path, cfg: GateConfig = GateConfig()) -> dict[str, Any]:
+    """The run's summary (what summary.json holds): `folds` (one object per fold: the metrics incl. `win_rate`, and
+    `baselines`), `gates`, `verdict`, `net_pnl_tstat` (t of the per-fold net PnL against 0; None below 2 folds),
+    and cross-fold aggregates. InputError when the run has no fold result at all."""
+    run_dir = Path(run_dir)
+    results = read_results(run_dir)
+    if not results:
+        raise InputError(run_dir, None, "no fold results (RUN/fold<N>/result.json): nothing to report")
+    expected = max(int(r["folds"]) for r in results)
+    folds = []
+    for r in results:
+        row = {k: r[k] for k in TABLE_METRICS if k in r}
+        row.update({"fold": r["fold"], "eval_window": r.get("eval_window"), "action_freq": r.get("action_freq"),
+                    "baselines": r.get("baselines", {}), "fold_mode": r.get("fold_mode", "independent")})
+        folds.append(row)
+    g = gates(folds, expected, cfg)
+    missing = g["complete"]["failing_folds"]
+    verdict = "incomplete" if missing else ("pass" if all(x["passed"] for x in g.values()) else "fail")
+    net = [float(f["net_pnl"]) for f in folds]
+    baseline_names = sorted({b for f in folds for b in f["baselines"]})
+    return {
+        "run_dir": str(run_dir),
+        "folds": folds,
+        "expected_folds": expected,
+        "missing_folds": missing,
+        "net_pnl_tstat": t_statistic(net),
+        "aggregate": {
+            "mean_win_rate": sum(f["win_rate"] for f in folds) / len(folds),
+            "total_net_pnl": sum(net),
+            "mean_net_pnl": sum(net) / len(net),
+            "mean_sharpe": sum(float(f.get("sharpe", 0.0)) for f in folds) / len(folds),
+            "baselines_total_net_pnl": {b: sum(float(f["baselines"][b]["net_pnl"]) for f in folds
+                                               if b in f["baselines"]) for b in baseline_names},
+        },
+        "gates": g,
+        "verdict": verdict,
+    }
