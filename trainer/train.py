@@ -136,7 +136,9 @@ class FileCheckpointer:
         from trainer.checkpoint.tensors import capture_rng_state, encode_json, encode_tensors
 
         t0 = time.perf_counter()
-        sections = {"meta": encode_json({**self.meta, "env_step": trainer.env_step, "final": final}),
+        # checkpoint_seconds: the total before this save, carried over attempts like the loop's wall_seconds
+        sections = {"meta": encode_json({**self.meta, "env_step": trainer.env_step, "final": final,
+                                         "checkpoint_seconds": self.seconds}),
                     "rng": encode_json({k: v.hex() for k, v in capture_rng_state().items()})}
         for name, tensors in trainer.state_dict().items():
             sections[f"state/{name}"] = encode_tensors(tensors)  # device → host copy: a host sync, by design
@@ -149,6 +151,7 @@ class FileCheckpointer:
         if self.mirror is not None:
             self.mirror.submit(path)
         if self.oom_at_step is not None and trainer.env_step >= self.oom_at_step:
+            self.log.event("test_oom_hook", env_step=trainer.env_step)
             _allocate_until_killed()
 
 
@@ -183,7 +186,8 @@ def restore(trainer, fold_dir: Path, fp: dict, resume_from: Path | None, log) ->
              for name, data in ckpt.sections.items() if name.startswith("state/")}
     trainer.load_state_dict(state)
     restore_rng_state({k: bytes.fromhex(v) for k, v in decode_json(ckpt.sections["rng"]).items()})
-    return {"path": str(path), "env_step": trainer.env_step}
+    return {"path": str(path), "env_step": trainer.env_step,
+            "checkpoint_seconds": float(meta.get("checkpoint_seconds", 0.0))}
 
 
 def run(args: argparse.Namespace) -> int:
@@ -196,6 +200,8 @@ def run(args: argparse.Namespace) -> int:
 
     if args.folds < 1:
         raise ValueError(f"--folds must be >= 1, got {args.folds}")
+    if args.test_oom_at_step is not None and os.environ.get("ALPHA_RL_TEST_HOOKS") != "1":
+        raise ValueError("--test-oom-at-step needs ALPHA_RL_TEST_HOOKS=1 (test-only allocation hook)")
     if not 0 <= args.fold < args.folds:
         raise ValueError(f"--fold must be in [0, {args.folds}), got {args.fold}")
     cfg = config_from_args(args)
@@ -228,7 +234,7 @@ def run(args: argparse.Namespace) -> int:
         trainer = FoldTrainer(cfg, features, fs.decision, Window(train_w.start, train_w.stop), args.fold, log)
         fp = fingerprint(dataclasses.asdict(cfg), fs.key, tensor_layout(trainer.state_dict()))
         _write_run_json(args.run_dir, cfg, fs, trainer)
-        mirror = _s3_mirror(args, fold_dir)
+        mirror = _s3_mirror(args, fold_dir, log)
         resumed = restore(trainer, fold_dir, fp, args.resume_from, log)
         if resumed is None and args.fold_mode == "chain" and args.fold > 0:
             from trainer.folds.chain import warm_start
@@ -237,7 +243,13 @@ def run(args: argparse.Namespace) -> int:
         log.event("resume" if resumed else "fresh", attempt=args.attempt,
                   checkpoint=resumed["path"] if resumed else None, env_step=trainer.env_step)
         meta = {"fingerprint": fp, "fold": args.fold, "folds": args.folds}
-        ckpt = FileCheckpointer(fold_dir, cfg.loop.keep_checkpoints, meta, log, mirror, args.test_oom_at_step)
+        # The OOM test hook fires once per run: an attempt resumed at or past the step it names is the retry.
+        oom_at = args.test_oom_at_step
+        if oom_at is not None and trainer.env_step >= oom_at:
+            oom_at = None
+        ckpt = FileCheckpointer(fold_dir, cfg.loop.keep_checkpoints, meta, log, mirror, oom_at)
+        if resumed:
+            ckpt.seconds = resumed["checkpoint_seconds"]
         log.event("first_step_ready", seconds_since_start=round(time.perf_counter() - started, 3))
         try:
             trainer.run(ckpt)
@@ -298,13 +310,13 @@ def _write_run_json(run_dir: Path, cfg, fs, trainer) -> None:
     atomic_write_text(path, json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
 
 
-def _s3_mirror(args, fold_dir: Path):
+def _s3_mirror(args, fold_dir: Path, log):
     if not args.s3_bucket:
         return None
     from trainer.checkpoint.s3 import S3Mirror
 
     prefix = f"{args.s3_prefix.strip('/')}/{args.run_dir.name}/{fold_dir.name}"
-    mirror = S3Mirror(args.s3_bucket, prefix)
+    mirror = S3Mirror(args.s3_bucket, prefix, log=log.event)  # uploads, retries, restores as JSON log lines
     from trainer.checkpoint.store import latest_valid
 
     if latest_valid(fold_dir, log=lambda p, why: None) is None:

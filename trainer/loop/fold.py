@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import random
 import signal
 import time
 from dataclasses import dataclass
@@ -82,6 +83,7 @@ class FoldTrainer:
         configure_torch(cfg)
         torch.manual_seed(cfg.loop.seed)
         np.random.seed(cfg.loop.seed)
+        random.seed(cfg.loop.seed)  # checkpointed with the others: seeded, two fresh runs write equal files
         self.agent_cfg = agent_config_for(cfg, int(features.shape[1]))
         W = self.agent_cfg.window
         dev = self.device

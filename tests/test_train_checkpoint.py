@@ -1,0 +1,558 @@
+"""Crash recovery of `python -m trainer.train`, with real processes.
+
+Every scenario interrupts a real trainer process (SIGKILL at chosen and at arbitrary moments, a kernel OOM kill
+in a memory cgroup, SIGTERM, SIGINT, damaged checkpoints, checkpoints only in S3), restarts it with the same
+command, and requires the finished fold to be bit-identical to one uninterrupted run with the same arguments:
+the same `weights_sha256`, the same result.json apart from the wall-clock fields, the same equity curve and the
+same final checkpoint state (every tensor byte, the RNG states, the counters).
+
+The trainer runs single-threaded (OMP/MKL_NUM_THREADS=1): with two intra-op threads on a loaded 2-core box one
+early trial of a resumed run differed from its uninterrupted twin by ~1e-8 in the weights (thread-count-dependent
+float reduction order), which no checkpoint can capture; see docs/checkpoints.md, "Resume".
+"""
+from __future__ import annotations
+
+import io
+import json
+import os
+import random
+import shutil
+import signal
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from tests.s3server import BUCKET, seaweed_s3, s3_env  # noqa: F401  (pytest finds fixtures by name)
+from trainer.checkpoint.format import read_checkpoint
+from trainer.checkpoint.store import list_checkpoints
+from trainer.checkpoint.tensors import decode_json, decode_tensors
+
+ROOT = Path(__file__).resolve().parents[1]
+DATA = "synthetic:seed=3,days=2,signal=2"
+N_STEPS = 80
+CHECKPOINT_EVERY = 20
+LOG_EVERY = 5
+WALL_CLOCK_FIELDS = {"wall_seconds", "checkpoint_seconds"}
+"""result.json fields allowed to differ between an interrupted and an uninterrupted run (they time the run)."""
+PROCESS_TIMEOUT_S = 300.0
+"""A trainer process still running after this long is killed and the test fails (a hang, not a slow box)."""
+KILL_RNG_SEED = 20_261_202
+"""Fixed seed for every randomly chosen kill point, corruption offset and delay: failures reproduce."""
+
+
+# ──────────────────────────────────────────────────────────────────────── running real trainer processes
+
+
+def train_cmd(run_dir: Path, fxcache: Path, *extra: str, attempt: int = 0) -> list[str]:
+    """The smoke preset shrunk to ~2 s of training: 16 envs, 80 steps, learning from step 32, deterministic."""
+    return [sys.executable, "-m", "trainer.train", "--run-dir", str(run_dir), "--fold", "0", "--folds", "3",
+            "--data", DATA, "--fxcache", str(fxcache), "--n-envs", "16", "--batch-size", "32",
+            "--per-capacity", "2048", "--n-steps", str(N_STEPS), "--checkpoint-every", str(CHECKPOINT_EVERY),
+            "--log-every", str(LOG_EVERY), "--deterministic", "--attempt", str(attempt), *extra]
+
+
+def trainer_env(**extra: str) -> dict[str, str]:
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
+    env.pop("ALPHA_RL_TEST_HOOKS", None)
+    return {**env, **extra}
+
+
+@dataclass
+class Attempt:
+    """One finished trainer process: exit status (negative = killed by that signal), JSON events, stderr."""
+
+    rc: int
+    events: list[dict] = field(default_factory=list)
+    stderr: str = ""
+    seconds: float = 0.0
+    first_step_ready_s: float | None = None
+    """Seconds from process start (Popen) to the `first_step_ready` line: the restart cost a workflow sees."""
+
+    def named(self, name: str) -> list[dict]:
+        return [e for e in self.events if e["event"] == name]
+
+    def one(self, name: str) -> dict:
+        found = self.named(name)
+        assert len(found) == 1, f"expected one {name!r} event, got {len(found)}: {found}\nstderr:\n{self.stderr}"
+        return found[0]
+
+
+def run_trainer(cmd: list[str], env: dict[str, str] | None = None, stop_when=None, sig: int = signal.SIGKILL,
+                stop_after_s: float | None = None) -> Attempt:
+    """Run `cmd`, reading its JSON log as it is written.
+
+    `stop_when(event) -> bool`: send `sig` as soon as an event satisfies it (the process is mid-run: the kill lands
+    within a step or two of that event). `stop_after_s`: send `sig` this many seconds after `first_step_ready`
+    (an arbitrary moment: mid-step, mid-checkpoint-write, mid-evaluation). Reads to EOF either way.
+    """
+    started = time.monotonic()
+    err = io.BytesIO()
+    proc = subprocess.Popen(cmd, cwd=ROOT, env=env or trainer_env(), stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
+    drain = threading.Thread(target=lambda: err.write(proc.stderr.buffer.read()), daemon=True)
+    drain.start()
+    watchdog = threading.Timer(PROCESS_TIMEOUT_S, proc.kill)
+    watchdog.start()
+    timer: threading.Timer | None = None
+    attempt = Attempt(rc=0)
+    sent = False
+    try:
+        for line in proc.stdout:
+            event = json.loads(line)  # every stdout line is one JSON object (the log contract)
+            attempt.events.append(event)
+            if event["event"] == "first_step_ready":
+                attempt.first_step_ready_s = time.monotonic() - started
+                if stop_after_s is not None:
+                    timer = threading.Timer(stop_after_s, proc.send_signal, args=(sig,))
+                    timer.start()
+            if stop_when is not None and not sent and stop_when(event):
+                proc.send_signal(sig)
+                sent = True
+        attempt.rc = proc.wait()
+    finally:
+        watchdog.cancel()
+        if timer is not None:
+            timer.cancel()
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+        drain.join(timeout=10)
+    attempt.stderr = err.getvalue().decode(errors="replace")
+    attempt.seconds = time.monotonic() - started
+    assert time.monotonic() - started < PROCESS_TIMEOUT_S, f"trainer hung: {cmd}"
+    return attempt
+
+
+def fold_dir(run_dir: Path) -> Path:
+    return run_dir / "fold0"
+
+
+def newest_checkpoint(run_dir: Path) -> tuple[int, Path] | None:
+    found = list_checkpoints(fold_dir(run_dir))
+    return found[-1] if found else None
+
+
+def assert_resumed_from(attempt: Attempt, expected: tuple[int, Path] | None, attempt_no: int) -> None:
+    """The restart logs which checkpoint it resumed from (or that it started fresh) and its attempt number."""
+    if expected is None:
+        fresh = attempt.one("fresh")
+        assert fresh["attempt"] == attempt_no and fresh["env_step"] == 0
+        return
+    resume = attempt.one("resume")
+    assert resume["checkpoint"] == str(expected[1]), resume
+    assert resume["env_step"] == expected[0] and resume["attempt"] == attempt_no, resume
+
+
+# ──────────────────────────────────────────────────────────────────────── comparing finished folds
+
+
+def final_state(run_dir: Path) -> dict[str, bytes]:
+    """Every tensor of the final checkpoint as raw bytes (NaN-safe), plus the RNG section; wall time left out."""
+    step, path = newest_checkpoint(run_dir)
+    assert step == N_STEPS
+    ckpt = read_checkpoint(path)
+    assert decode_json(ckpt.sections["meta"])["final"] is True
+    state = {"rng": ckpt.sections["rng"]}
+    for name, data in ckpt.sections.items():
+        if name.startswith("state/"):
+            for key, tensor in decode_tensors(data).items():
+                if f"{name}.{key}" != "state/loop.wall_seconds":
+                    state[f"{name}.{key}"] = tensor.contiguous().view(-1).view(torch.uint8).numpy().tobytes()
+    return state
+
+
+def assert_same_outcome(run_dir: Path, baseline: Path) -> None:
+    """Interrupted-and-resumed `run_dir` ended exactly as the uninterrupted `baseline` did."""
+    got = json.loads((fold_dir(run_dir) / "result.json").read_text())
+    want = json.loads((fold_dir(baseline) / "result.json").read_text())
+    assert got["weights_sha256"] == want["weights_sha256"]
+    differing = {k for k in got.keys() | want.keys() if got.get(k) != want.get(k)} - WALL_CLOCK_FIELDS
+    assert not differing, {k: (got.get(k), want.get(k)) for k in sorted(differing)}
+    assert got["env_steps"] == N_STEPS
+    assert np.array_equal(np.load(fold_dir(run_dir) / "equity.npy"), np.load(fold_dir(baseline) / "equity.npy"))
+    got_state, want_state = final_state(run_dir), final_state(baseline)
+    assert got_state.keys() == want_state.keys()
+    assert [k for k in want_state if got_state[k] != want_state[k]] == []
+    leftovers = [p.name for p in fold_dir(run_dir).iterdir() if p.name.startswith(".")]
+    assert leftovers == [], f"temp files left behind: {leftovers}"
+
+
+# ──────────────────────────────────────────────────────────────────────── fixtures
+
+
+@pytest.fixture(scope="module")
+def workdir(tmp_path_factory) -> Path:
+    return tmp_path_factory.mktemp("train-checkpoint")
+
+
+@pytest.fixture(scope="module")
+def fxcache(workdir) -> Path:
+    return workdir / "fxcache"
+
+
+@pytest.fixture(scope="module")
+def baseline(workdir, fxcache) -> tuple[Path, Attempt]:
+    """One uninterrupted run: the reference every interrupted run must reproduce bit for bit."""
+    run_dir = workdir / "baseline"
+    done = run_trainer(train_cmd(run_dir, fxcache))
+    assert done.rc == 0, done.stderr
+    result = json.loads((fold_dir(run_dir) / "result.json").read_text())
+    assert result["env_steps"] == N_STEPS and result["update_steps"] > 0  # learning happened
+    assert [e["env_step"] for e in done.named("checkpoint")] == list(range(CHECKPOINT_EVERY, N_STEPS + 1,
+                                                                          CHECKPOINT_EVERY))
+    return run_dir, done
+
+
+def training_seconds(attempt: Attempt) -> float:
+    """Wall time from first_step_ready to the final checkpoint, from the events' timestamps."""
+    ready = attempt.one("first_step_ready")["ts"]
+    final = [e for e in attempt.named("checkpoint") if e["final"]][-1]["ts"]
+    return final - ready
+
+
+# ──────────────────────────────────────────────────────────────────────── 1. SIGKILL at random points
+
+
+def _kill_plans():
+    """Each trial: a list of kill rules, applied to successive attempts; the attempt after the last one finishes.
+
+    Chosen once from a fixed RNG. A rule is ("checkpoint", n): right after the n-th checkpoint event;
+    ("step", s): right after the step event at env_step s; ("final", None): right after the final checkpoint,
+    before result.json; ("time", fraction): at fraction x (baseline training time) after first_step_ready.
+    """
+    rng = random.Random(KILL_RNG_SEED)
+    steps = list(range(LOG_EVERY, N_STEPS, LOG_EVERY))
+    first = rng.choice(steps[: len(steps) // 2])
+    return {
+        "after-checkpoint": [("checkpoint", rng.randrange(1, N_STEPS // CHECKPOINT_EVERY))],
+        "twice-after-steps": [("step", first), ("step", rng.choice([s for s in steps if s > first + LOG_EVERY]))],
+        "after-final-checkpoint": [("final", None)],
+        "arbitrary-times": [("time", rng.uniform(0.05, 0.8)), ("time", rng.uniform(0.05, 0.8))],
+    }
+
+
+KILL_PLANS = _kill_plans()
+
+
+def _stop_rule(kind: str, value):
+    if kind == "checkpoint":
+        counter = iter(range(1, 10**6))
+        return lambda e: e["event"] == "checkpoint" and not e["final"] and next(counter) == value
+    if kind == "step":
+        return lambda e: e["event"] == "step" and e["env_step"] == value
+    if kind == "final":
+        return lambda e: e["event"] == "checkpoint" and e["final"]
+    return None
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("plan", list(KILL_PLANS), ids=list(KILL_PLANS))
+def test_sigkill_then_restart_with_same_command_matches_uninterrupted_run(plan, workdir, fxcache, baseline):
+    baseline_dir, baseline_run = baseline
+    run_dir = workdir / f"sigkill-{plan}"
+    before: tuple[int, Path] | None = None
+    for attempt_no, (kind, value) in enumerate(KILL_PLANS[plan]):
+        delay = value * training_seconds(baseline_run) if kind == "time" else None
+        killed = run_trainer(train_cmd(run_dir, fxcache, attempt=attempt_no), stop_when=_stop_rule(kind, value),
+                             stop_after_s=delay)
+        assert killed.rc == -signal.SIGKILL, f"attempt {attempt_no} was not killed (rc {killed.rc}): {plan}"
+        assert not (fold_dir(run_dir) / "result.json").exists()
+        assert_resumed_from(killed, before, attempt_no)
+        before = newest_checkpoint(run_dir)
+        if kind == "final":
+            assert before[0] == N_STEPS
+    done = run_trainer(train_cmd(run_dir, fxcache, attempt=len(KILL_PLANS[plan])))
+    assert done.rc == 0, done.stderr
+    assert_resumed_from(done, before, len(KILL_PLANS[plan]))
+    assert_same_outcome(run_dir, baseline_dir)
+
+
+# ──────────────────────────────────────────────────────────────────────── 2. a real kernel OOM kill
+
+
+def _memory_cgroup_parent():
+    from workflows.cgroup import memory_cgroup_parent
+
+    return memory_cgroup_parent()
+
+
+@pytest.mark.slow
+def test_oom_kill_in_memory_cgroup_then_same_command_resumes_identically(workdir, fxcache, baseline):
+    from workflows.cgroup import MemoryCgroup
+
+    if _memory_cgroup_parent() is None:
+        pytest.skip("no writable cgroup-v1 memory hierarchy (/sys/fs/cgroup/memory): cannot OOM-kill for real")
+    baseline_dir, _ = baseline
+    run_dir = workdir / "oom"
+    # The trainer peaks near 0.5 GB here; 1 GiB leaves room for a normal run and makes the hook's 64 MiB
+    # allocations hit the limit within a second.
+    limit = 1 << 30
+    cmd = train_cmd(run_dir, fxcache, "--test-oom-at-step", "30")
+    env = trainer_env(ALPHA_RL_TEST_HOOKS="1")
+    with MemoryCgroup(limit, tag="oom-test") as group:
+        assert group.oom_kills() == 0
+        killed = run_trainer(group.wrap(cmd), env=env)
+        oom_kills = group.oom_kills()
+    assert killed.rc == -signal.SIGKILL, f"expected an OOM SIGKILL (shell exit 137), got {killed.rc}"
+    assert oom_kills >= 1, "the kernel's oom_kill counter did not move: the kill was not an OOM kill"
+    assert killed.one("test_oom_hook")["env_step"] == 40  # the first checkpoint at or after step 30
+    assert newest_checkpoint(run_dir)[0] == 40
+    # The workflow retries with the very same command (hook flag included): the hook must not fire again.
+    with MemoryCgroup(limit, tag="oom-retry") as group:
+        done = run_trainer(group.wrap(train_cmd(run_dir, fxcache, "--test-oom-at-step", "30", attempt=1)), env=env)
+        assert group.oom_kills() == 0
+    assert done.rc == 0, done.stderr
+    assert done.named("test_oom_hook") == []
+    assert_resumed_from(done, (40, fold_dir(run_dir) / "checkpoint-000000000040.bin"), 1)
+    assert_same_outcome(run_dir, baseline_dir)
+
+
+def test_oom_hook_without_test_hooks_env_is_refused_with_exit_2(workdir, fxcache):
+    bad = run_trainer(train_cmd(workdir / "oom-no-env", fxcache, "--test-oom-at-step", "30"))
+    assert bad.rc == 2
+    assert bad.stderr.strip().splitlines()[-1] == ("error: --test-oom-at-step needs ALPHA_RL_TEST_HOOKS=1 "
+                                                   "(test-only allocation hook)")
+    assert not (workdir / "oom-no-env").exists()
+
+
+# ──────────────────────────────────────────────────────────────────────── 3. SIGTERM / SIGINT
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGINT], ids=["SIGTERM", "SIGINT"])
+def test_signal_writes_checkpoint_exits_143_and_resume_matches(sig, workdir, fxcache, baseline):
+    baseline_dir, _ = baseline
+    run_dir = workdir / f"signal-{sig.name}"
+    at = 45 if sig == signal.SIGTERM else 65  # between checkpoints: the stop writes its own
+    stopped = run_trainer(train_cmd(run_dir, fxcache), sig=sig,
+                          stop_when=lambda e: e["event"] == "step" and e["env_step"] == at)
+    assert stopped.rc == 143, stopped.stderr
+    stop = stopped.one("stopped")
+    assert f"signal {int(sig)}" in stop["reason"]
+    step = stop["env_step"]
+    assert at <= step < N_STEPS
+    assert stopped.named("checkpoint")[-1]["env_step"] == step  # written after the signal, before exit
+    assert newest_checkpoint(run_dir) == (step, fold_dir(run_dir) / f"checkpoint-{step:012d}.bin")
+    done = run_trainer(train_cmd(run_dir, fxcache, attempt=1))
+    assert done.rc == 0, done.stderr
+    assert_resumed_from(done, (step, fold_dir(run_dir) / f"checkpoint-{step:012d}.bin"), 1)
+    assert_same_outcome(run_dir, baseline_dir)
+
+
+# ──────────────────────────────────────────────────────────────────────── 4. damaged checkpoints
+
+
+@pytest.fixture(scope="module")
+def interrupted(workdir, fxcache) -> Path:
+    """A run SIGKILLed after its checkpoint at step 50, written every 10 steps with the newest 3 kept."""
+    run_dir = workdir / "interrupted"
+    killed = run_trainer(train_cmd(run_dir, fxcache, "--checkpoint-every", "10", "--keep-checkpoints", "3"),
+                         stop_when=lambda e: e["event"] == "checkpoint" and e["env_step"] == 50)
+    assert killed.rc == -signal.SIGKILL
+    assert len(list_checkpoints(fold_dir(run_dir))) == 3
+    return run_dir
+
+
+def _flip_bit(path: Path, offset: int, bit: int) -> None:
+    data = bytearray(path.read_bytes())
+    data[offset] ^= 1 << bit
+    path.write_bytes(bytes(data))
+
+
+def _truncate(path: Path, length: int) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(length)
+
+
+@pytest.mark.slow
+def test_damaged_newest_checkpoints_are_skipped_and_run_still_ends_identical(workdir, fxcache, baseline,
+                                                                             interrupted):
+    baseline_dir, _ = baseline
+    run_dir = workdir / "damaged"
+    shutil.copytree(interrupted, run_dir)
+    (oldest, oldest_path), (_, middle), (_, newest) = list_checkpoints(fold_dir(run_dir))
+    rng = random.Random(KILL_RNG_SEED + 4)
+    _flip_bit(newest, rng.randrange(newest.stat().st_size), rng.randrange(8))
+    _truncate(middle, rng.randrange(middle.stat().st_size))
+    done = run_trainer(train_cmd(run_dir, fxcache, "--checkpoint-every", "10", "--keep-checkpoints", "3",
+                                 attempt=1))
+    assert done.rc == 0, done.stderr
+    skipped = done.named("checkpoint_skipped")
+    assert [e["path"] for e in skipped] == [str(newest), str(middle)]
+    assert all(e["reason"].startswith("corrupt at byte ") for e in skipped), skipped
+    assert_resumed_from(done, (oldest, oldest_path), 1)
+    # Checkpointing every 10 steps instead of every 20 must not change what the run computes either.
+    assert_same_outcome(run_dir, baseline_dir)
+
+
+def test_resume_from_an_older_checkpoint_replaces_newer_ones_and_ends_identical(workdir, fxcache, baseline,
+                                                                               interrupted):
+    baseline_dir, _ = baseline
+    run_dir = workdir / "resume-from"
+    shutil.copytree(interrupted, run_dir)
+    (oldest, oldest_path), _, (newest, _) = list_checkpoints(fold_dir(run_dir))
+    done = run_trainer(train_cmd(run_dir, fxcache, "--checkpoint-every", "10", "--keep-checkpoints", "3",
+                                 "--resume-from", str(oldest_path), attempt=1))
+    assert done.rc == 0, done.stderr
+    assert_resumed_from(done, (oldest, oldest_path), 1)
+    written = [e["env_step"] for e in done.named("checkpoint")]
+    assert written == list(range(oldest + 10, N_STEPS + 1, 10))  # the abandoned later ones were written again
+    assert newest in written
+    assert_same_outcome(run_dir, baseline_dir)
+
+
+def _fold_trainer_for(run_dir: Path, fxcache: Path):
+    """The trainer `python -m trainer.train` builds for train_cmd's arguments, built in this process."""
+    import dataclasses
+
+    from trainer import train
+    from trainer.features.cache import load_or_build
+    from trainer.features.compute import Normaliser
+    from trainer.folds.windows import fold_windows, walk_forward_windows
+    from trainer.loop.fold import FoldTrainer, Window
+    from trainer.loop.log import JsonLog
+
+    args = train.build_parser().parse_args(train_cmd(run_dir, fxcache)[3:])
+    cfg = train.config_from_args(args)
+    fs, skipped = load_or_build(cfg.data, cfg.features, fxcache)
+    assert skipped  # the baseline built the cache
+    train_w, _ = fold_windows(walk_forward_windows(fs.raw.shape[0], args.folds), 0)
+    features = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw)
+    quiet = JsonLog(0, out=io.StringIO(), err=io.StringIO())
+    trainer = FoldTrainer(cfg, features, fs.decision, Window(train_w.start, train_w.stop), 0, quiet)
+    fp = train.fingerprint(dataclasses.asdict(cfg), fs.key, train.tensor_layout(trainer.state_dict()))
+    return trainer, fp
+
+
+def test_restore_skips_newest_checkpoint_damaged_at_many_offsets(tmp_path, workdir, fxcache, baseline, interrupted):
+    """The trainer's restore() on a real run directory: a bit flip anywhere, or a cut at any length, of the newest
+    checkpoint is logged as `checkpoint_skipped` and the previous checkpoint is loaded instead."""
+    from trainer.checkpoint.tensors import capture_rng_state, restore_rng_state
+
+    # Building a FoldTrainer and restoring set process-wide torch/numpy/python state: put it back afterwards.
+    saved = (capture_rng_state(), torch.are_deterministic_algorithms_enabled(), torch.get_float32_matmul_precision())
+    try:
+        _check_many_offsets(tmp_path, workdir, fxcache, interrupted)
+    finally:
+        restore_rng_state(saved[0])
+        torch.use_deterministic_algorithms(saved[1])
+        torch.set_float32_matmul_precision(saved[2])
+
+
+def _check_many_offsets(tmp_path: Path, workdir: Path, fxcache: Path, interrupted: Path) -> None:
+    from trainer import train
+    from trainer.loop.log import JsonLog
+
+    trainer, fp = _fold_trainer_for(workdir / "unused", fxcache)
+    (_, _), (prev_step, prev), (_, newest) = list_checkpoints(fold_dir(interrupted))
+    size = newest.stat().st_size
+    rng = random.Random(KILL_RNG_SEED + 5)
+    # Header fields, first section's name and length, the last section's digest, the file digest, and random bytes.
+    flips = sorted({0, 3, 4, 8, 15, 16, 20, 22, size - 64, size - 33, size - 32, size - 1}
+                   | {rng.randrange(size) for _ in range(20)})
+    cuts = sorted({0, 1, 19, 20, 21, size // 2, size - 33, size - 1} | {rng.randrange(size) for _ in range(6)})
+    cases = [("flip", offset) for offset in flips] + [("cut", length) for length in cuts]
+    for kind, where in cases:
+        case_dir = tmp_path / f"{kind}-{where}"
+        case_dir.mkdir()
+        shutil.copy2(prev, case_dir / prev.name)
+        damaged = case_dir / newest.name
+        shutil.copy2(newest, damaged)
+        if kind == "flip":
+            _flip_bit(damaged, where, rng.randrange(8))
+        else:
+            _truncate(damaged, where)
+        out = io.StringIO()
+        resumed = train.restore(trainer, case_dir, fp, None, JsonLog(0, out=out, err=io.StringIO()))
+        events = [json.loads(line) for line in out.getvalue().splitlines()]
+        assert [(e["event"], e["path"]) for e in events] == [("checkpoint_skipped", str(damaged))], (kind, where)
+        assert resumed["path"] == str(case_dir / prev.name) and resumed["env_step"] == prev_step, (kind, where)
+        assert trainer.env_step == prev_step
+        shutil.rmtree(case_dir)
+    assert len(cases) >= 40
+
+
+# ──────────────────────────────────────────────────────────────────────── 5. config mismatch
+
+
+@pytest.mark.parametrize("change, fields", [
+    (("--n-envs", "8"), ["sim.n_envs"]),
+    (("--encoder", "gru"), ["agent.encoder"]),
+], ids=["n-envs", "encoder"])
+def test_mismatching_config_on_same_run_dir_is_refused_with_exit_2_naming_fields(change, fields, workdir, fxcache,
+                                                                                baseline):
+    baseline_dir, _ = baseline
+    run_dir = workdir / f"mismatch-{change[0].strip('-')}"
+    fold_dir(run_dir).mkdir(parents=True)
+    for _, path in list_checkpoints(fold_dir(baseline_dir)):
+        shutil.copy2(path, fold_dir(run_dir) / path.name)
+    before = {p.name: p.read_bytes() for p in fold_dir(run_dir).iterdir()}
+    cmd = train_cmd(run_dir, fxcache)
+    for i in range(0, len(cmd) - 1):  # replace the flag's value (train_cmd already passes --n-envs)
+        if cmd[i] == change[0]:
+            cmd[i + 1] = change[1]
+            break
+    else:
+        cmd += list(change)
+    refused = run_trainer(cmd)
+    assert refused.rc == 2
+    message = refused.stderr.strip().splitlines()[-1]
+    assert message.startswith("error: ") and "checkpoint does not match this run; differing fields: " in message
+    for name in fields:
+        assert f"config.{name} (run " in message, message
+    assert "checkpoint-000000000080.bin" in message  # names the file it refused
+    after = {p.name: p.read_bytes() for p in fold_dir(run_dir).iterdir() if p.name != "metrics.jsonl"}
+    assert after == before  # nothing written, nothing deleted
+    assert refused.named("checkpoint") == [] and refused.named("result") == []
+
+
+# ──────────────────────────────────────────────────────────────────────── 6. S3: restore from the mirror
+
+
+@pytest.mark.slow
+def test_checkpoints_mirrored_to_s3_restore_a_lost_fold_dir_and_end_identical(s3_env, workdir, fxcache, baseline):
+    baseline_dir, _ = baseline
+    run_dir = workdir / "s3"
+    prefix = s3_env.new_prefix()
+    cmd = train_cmd(run_dir, fxcache, "--s3-bucket", BUCKET, "--s3-prefix", prefix)
+    stopped = run_trainer(cmd, sig=signal.SIGTERM,
+                          stop_when=lambda e: e["event"] == "checkpoint" and e["env_step"] == 40)
+    assert stopped.rc == 143, stopped.stderr
+    step = stopped.one("stopped")["env_step"]
+    uploaded = {Path(e["path"]).name for e in stopped.named("s3_uploaded")}
+    assert f"checkpoint-{step:012d}.bin" in uploaded  # SIGTERM drains the mirror before exit 143
+    remote_dir = f"{prefix}/{run_dir.name}/fold0/"
+    listing = s3_env.client().list_objects_v2(Bucket=BUCKET, Prefix=remote_dir)
+    remote = sorted(o["Key"][len(remote_dir):] for o in listing.get("Contents", []))
+    assert len(remote) == 2 and remote[-1] == f"checkpoint-{step:012d}.bin"  # newest two, as locally
+
+    shutil.rmtree(fold_dir(run_dir))  # the pod moved to a node without the volume
+    done = run_trainer(train_cmd(run_dir, fxcache, "--s3-bucket", BUCKET, "--s3-prefix", prefix, attempt=1))
+    assert done.rc == 0, done.stderr
+    restored = done.one("s3_restored")
+    assert restored["step"] == step and restored["key"] == f"{remote_dir}checkpoint-{step:012d}.bin"
+    assert_resumed_from(done, (step, fold_dir(run_dir) / f"checkpoint-{step:012d}.bin"), 1)
+    assert_same_outcome(run_dir, baseline_dir)
+    listing = s3_env.client().list_objects_v2(Bucket=BUCKET, Prefix=remote_dir)
+    assert f"{remote_dir}checkpoint-{N_STEPS:012d}.bin" in {o["Key"] for o in listing.get("Contents", [])}
+
+
+# ──────────────────────────────────────────────────────────────────────── 7. a finished fold
+
+
+def test_fold_with_result_json_exits_0_at_once_and_touches_nothing(workdir, fxcache, baseline):
+    baseline_dir, _ = baseline
+    before = {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in fold_dir(baseline_dir).iterdir()}
+    again = run_trainer(train_cmd(baseline_dir, fxcache, attempt=3))
+    assert again.rc == 0, again.stderr
+    assert [e["event"] for e in again.events] == ["done_already"]
+    assert again.events[0]["attempt"] == 3
+    assert again.events[0]["result"] == str(fold_dir(baseline_dir) / "result.json")
+    assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in fold_dir(baseline_dir).iterdir()} == before
