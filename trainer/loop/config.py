@@ -79,12 +79,14 @@ class TrainConfig:
 
 
 def preset(name: str) -> TrainConfig:
-    """Named presets: 'smoke' (CPU, under a minute per fold here) and 'h100' (the seed plan's GPU run)."""
+    """Named presets: 'smoke' (CPU, about a minute per fold on 2 cores) and 'h100' (the seed plan's GPU run)."""
     base = TrainConfig()
     if name == "smoke":
         return base.replace(
             sim={"n_envs": 64},
-            agent={"d_model": 32, "window": 16, "batch_size": 128, "n_layers": 1},
+            # GRU on CPU: the pure-PyTorch Mamba scan is ~10x slower per update there (docs/agent.md); the
+            # GPU presets use Mamba.
+            agent={"d_model": 32, "window": 16, "batch_size": 128, "n_layers": 1, "encoder": "gru"},
             replay={"capacity": 8192},
             loop={"n_steps": 1500, "log_every": 250, "checkpoint_every": 500, "learning_starts": 32,
                   "eval_envs": 64, "device": "cpu"},
@@ -92,6 +94,7 @@ def preset(name: str) -> TrainConfig:
     if name == "h100":
         return base.replace(
             sim={"n_envs": 1024},
+            agent={"scan": "sequential"},  # 46.5 vs 31.9 steps/s at n_envs 1024 on the H200 (docs/BENCHMARKS.md)
             replay={"capacity": 65_536},
             loop={"n_steps": 25_000, "log_every": 500, "checkpoint_every": 5_000},
         )
