@@ -18,7 +18,7 @@ def test_sim_bench_prints_one_json_line_with_env_steps_per_s(capsys) -> None:
 
 
 def test_sim_bench_bad_usage_exits_2_with_one_line_error(capsys) -> None:
-    assert main(["--n-envs", "8", "--steps", "2", "--device", "cpu"]) == 2
+    assert main(["--n-envs", "8", "--steps", "2", "--device", "cpu", "--mode", "graph"]) == 2  # graph needs CUDA
     assert main(["--sim-only", "--n-envs", "0", "--steps", "2", "--device", "cpu"]) == 2
     assert main(["--sim-only", "--device", "tpu"]) == 2
     err = capsys.readouterr().err.strip().splitlines()

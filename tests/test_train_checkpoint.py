@@ -484,7 +484,7 @@ def _check_many_offsets(tmp_path: Path, workdir: Path, fxcache: Path, interrupte
 
 @pytest.mark.parametrize("change, fields", [
     (("--n-envs", "8"), ["sim.n_envs"]),
-    (("--encoder", "gru"), ["agent.encoder"]),
+    (("--encoder", "mamba"), ["agent.encoder"]),
 ], ids=["n-envs", "encoder"])
 def test_mismatching_config_on_same_run_dir_is_refused_with_exit_2_naming_fields(change, fields, workdir, fxcache,
                                                                                 baseline):

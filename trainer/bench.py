@@ -242,8 +242,8 @@ def main(argv: list[str] | None = None) -> int:
             return 0
         if not args.sim_only:
             modes = ("eager", "graph") if args.mode == "both" else (args.mode,)
-            if torch.device(args.device).type != "cuda":
-                modes = tuple(m for m in modes if m == "eager")
+            if args.mode == "both" and torch.device(args.device).type != "cuda":
+                modes = ("eager",)  # side by side needs CUDA; an explicit --mode graph on CPU is refused (exit 2)
             rows = [run_step_bench(args.n_envs, args.steps, args.device, m, args.preset, window_rows=args.window_rows,
                                    agent=agent) for m in modes]
             if args.json:
