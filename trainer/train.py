@@ -20,6 +20,7 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.fsutil import atomic_write_text
 from trainer.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGTERM, KillCriterion, exit_code_for
 
 # Fields that may change between attempts without changing what the run computes.
@@ -112,15 +113,6 @@ def tensor_layout(sections: dict[str, dict[str, torch.Tensor]]) -> dict:
     first update, and their shapes follow from the parameters, which are listed."""
     return {f"{sec}.{name}": [list(t.shape), str(t.dtype).replace("torch.", "")]
             for sec, tensors in sections.items() for name, t in tensors.items() if not name.startswith("optim.")}
-
-
-def atomic_write_text(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as f:
-        f.write(text)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
 
 
 class FileCheckpointer:

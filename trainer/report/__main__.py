@@ -7,12 +7,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
 from trainer.errors import EXIT_OK, exit_code_for
+from trainer.fsutil import atomic_write_text
 from trainer.report import summarise
 from trainer.report.plots import plot_equity, plot_training
 
@@ -65,23 +65,14 @@ def render_markdown(summary: dict[str, Any], plots: list[str]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def _atomic_write(path: Path, text: str) -> None:
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "w") as fh:
-        fh.write(text)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-
-
 def write_report(run_dir: Path) -> dict[str, Any]:
     summary = summarise(run_dir)
     fold_ids = [f["fold"] for f in summary["folds"]]
     plots = [name for name, fn in (("equity.png", plot_equity), ("training.png", plot_training))
              if fn(run_dir, fold_ids, run_dir / name)]
     summary["plots"] = plots
-    _atomic_write(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
-    _atomic_write(run_dir / "report.md", render_markdown(summary, plots))
+    atomic_write_text(run_dir / "summary.json", json.dumps(summary, indent=2, sort_keys=True) + "\n")
+    atomic_write_text(run_dir / "report.md", render_markdown(summary, plots))
     return summary
 
 
