@@ -69,7 +69,7 @@ def test_dbn_mbo_and_lobster_specs_load(shared_data, tmp_path):
 
 
 def test_describe_spec_normalises_and_hashes_every_input_file(shared_data, tmp_path, monkeypatch):
-    d = shared_data / "dbn"
+    d = (shared_data / "dbn").resolve()  # the spec holds resolved paths (../shared may be a symlink)
     monkeypatch.chdir(shared_data)
     a = describe_spec("dbn:trades=dbn/test_data.trades.dbn,mbp10=dbn/test_data.mbp-10.dbn")
     b = describe_spec(spec_from_dirs(d / "test_data.mbp-10.dbn", d / "test_data.trades.dbn"))
