@@ -156,6 +156,46 @@ def _allocate_until_killed() -> None:
         hog.append(np.ones(64 << 20, dtype=np.uint8))  # 64 MiB, written so the pages are really committed
 
 
+TEST_OOM_AT_STEP_ENV = "ALPHA_RL_TEST_OOM_AT_STEP"
+"""Test hook for workflow runs (read only with ALPHA_RL_TEST_HOOKS=1): like --test-oom-at-step, on attempt 0."""
+TEST_OOM_FOLD_ENV = "ALPHA_RL_TEST_OOM_FOLD"
+"""With TEST_OOM_AT_STEP_ENV: the one fold whose trainer plants the OOM (unset: every fold)."""
+
+
+def oom_hook_step(args: argparse.Namespace) -> tuple[int | None, str | None]:
+    """The step after whose checkpoint the OOM test hook allocates until killed, and where that came from.
+
+    `--test-oom-at-step N` needs ALPHA_RL_TEST_HOOKS=1 (else ValueError, exit 2). A workflow run cannot add a
+    flag to one fold's rendered command line, so with ALPHA_RL_TEST_HOOKS=1 (and only then: without it these
+    variables are never read) ALPHA_RL_TEST_OOM_AT_STEP=N [ALPHA_RL_TEST_OOM_FOLD=F] plant the same kill in
+    fold F only, and only on attempt 0 (`--attempt {{retries}}`): the retry gets the same environment, and
+    one planted kill per run is what the test wants to see recovered from.
+    """
+    hooks = os.environ.get("ALPHA_RL_TEST_HOOKS") == "1"
+    if args.test_oom_at_step is not None:
+        if not hooks:
+            raise ValueError("--test-oom-at-step needs ALPHA_RL_TEST_HOOKS=1 (test-only allocation hook)")
+        return args.test_oom_at_step, "--test-oom-at-step"
+    if not hooks or TEST_OOM_AT_STEP_ENV not in os.environ:
+        return None, None
+    step = _env_int(TEST_OOM_AT_STEP_ENV, minimum=1)
+    fold = _env_int(TEST_OOM_FOLD_ENV, minimum=0) if TEST_OOM_FOLD_ENV in os.environ else None
+    if args.attempt != 0 or (fold is not None and fold != args.fold):
+        return None, None
+    return step, TEST_OOM_AT_STEP_ENV
+
+
+def _env_int(name: str, minimum: int) -> int:
+    text = os.environ[name]
+    try:
+        value = int(text)
+    except ValueError:
+        value = minimum - 1
+    if value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {text!r}")
+    return value
+
+
 def restore(trainer, fold_dir: Path, fp: dict, resume_from: Path | None, log) -> dict | None:
     """Load the newest verifying checkpoint (or --resume-from) into `trainer`; None when starting fresh."""
     from trainer.checkpoint.format import read_checkpoint
@@ -192,8 +232,7 @@ def run(args: argparse.Namespace) -> int:
 
     if args.folds < 1:
         raise ValueError(f"--folds must be >= 1, got {args.folds}")
-    if args.test_oom_at_step is not None and os.environ.get("ALPHA_RL_TEST_HOOKS") != "1":
-        raise ValueError("--test-oom-at-step needs ALPHA_RL_TEST_HOOKS=1 (test-only allocation hook)")
+    oom_at_step, oom_source = oom_hook_step(args)
     if not 0 <= args.fold < args.folds:
         raise ValueError(f"--fold must be in [0, {args.folds}), got {args.fold}")
     cfg = config_from_args(args)
@@ -236,9 +275,11 @@ def run(args: argparse.Namespace) -> int:
                   checkpoint=resumed["path"] if resumed else None, env_step=trainer.env_step)
         meta = {"fingerprint": fp, "fold": args.fold, "folds": args.folds}
         # The OOM test hook fires once per run: an attempt resumed at or past the step it names is the retry.
-        oom_at = args.test_oom_at_step
+        oom_at = oom_at_step
         if oom_at is not None and trainer.env_step >= oom_at:
             oom_at = None
+        if oom_at is not None:
+            log.event("test_oom_armed", at_step=oom_at, source=oom_source, attempt=args.attempt)
         ckpt = FileCheckpointer(fold_dir, cfg.loop.keep_checkpoints, meta, log, mirror, oom_at)
         if resumed:
             ckpt.seconds = resumed["checkpoint_seconds"]

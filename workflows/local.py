@@ -23,6 +23,7 @@ import fcntl
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -78,6 +79,8 @@ class Attempt:
     message: str
     duration_s: float
     oom_killed: bool = False
+    oom_kills: int | None = None
+    """The attempt's memory cgroup's kernel `oom_kill` counter after exit; None when it ran without a cgroup."""
 
 
 @dataclass
@@ -332,7 +335,8 @@ class _Runner:
             self._emit(
                 node.name,
                 json.dumps({"event": "local-attempt-end", "node": node.name, "retries": retries,
-                            "exit_code": attempt.exit_code, "status": attempt.status, "message": attempt.message}),
+                            "exit_code": attempt.exit_code, "status": attempt.status, "message": attempt.message,
+                            "duration_s": round(attempt.duration_s, 3), "oom_kills": attempt.oom_kills}),
             )  # fmt: skip
             if attempt.status == "Succeeded":
                 result.phase = "Succeeded"
@@ -399,7 +403,7 @@ class _Runner:
         self.log_dir.mkdir(parents=True, exist_ok=True)
         safe = re.sub(r"[^A-Za-z0-9_.\-]", "_", node.name)
         log_path = self.log_dir / f"{safe}.attempt{retries}.log"
-        self._emit(node.name, f"attempt {retries}: {' '.join(cmd)}")
+        self._emit(node.name, f"attempt {retries}: {shlex.join(cmd)}")  # shell-quoted: copy, paste, rerun
         start = time.monotonic()
         try:
             with open(log_path, "w") as log_file:
@@ -416,21 +420,22 @@ class _Runner:
                 with self.procs_lock:
                     self.procs.discard(proc)
             code = _exit_code(proc.returncode)
-            oom = cgroup is not None and cgroup.oom_kills() > 0
+            oom_kills = None if cgroup is None else cgroup.oom_kills()
         finally:
             if cgroup is not None:
                 cgroup.remove()
         duration = time.monotonic() - start
         if code == 0 and reason is None:
-            return Attempt(retries, 0, "Succeeded", "", duration)
-        if oom:
-            return Attempt(retries, code, "Failed", f"OOMKilled (exit code {code})", duration, oom_killed=True)
+            return Attempt(retries, 0, "Succeeded", "", duration, oom_kills=oom_kills)
+        if oom_kills:
+            message = f"OOMKilled (exit code {code})"
+            return Attempt(retries, code, "Failed", message, duration, oom_killed=True, oom_kills=oom_kills)
         if reason == "deadline":
             message = "Pod was active on the node longer than the specified deadline"
-            return Attempt(retries, code, "Failed", message, duration)
+            return Attempt(retries, code, "Failed", message, duration, oom_kills=oom_kills)
         if reason == "stopped":
-            return Attempt(retries, code, "Error", "pod deleted", duration)
-        return Attempt(retries, code, "Failed", f"Error (exit code {code})", duration)
+            return Attempt(retries, code, "Error", "pod deleted", duration, oom_kills=oom_kills)
+        return Attempt(retries, code, "Failed", f"Error (exit code {code})", duration, oom_kills=oom_kills)
 
     def _pump(self, proc: subprocess.Popen, prefix: str, log_file: TextIO) -> None:
         assert proc.stdout is not None

@@ -1,0 +1,205 @@
+"""A real kernel OOM kill of the real trainer in fold 1 of a local DAG run: retried, resumed, same result.
+
+`python -m workflows.submit --local --memory-limit` runs every train attempt in its own cgroup-v1 memory
+group; the trainer's test hook (ALPHA_RL_TEST_HOOKS=1 plus ALPHA_RL_TEST_OOM_AT_STEP / ALPHA_RL_TEST_OOM_FOLD,
+passed with --env) makes fold 1's attempt 0 allocate after its checkpoint until the kernel kills it. The
+runner must report OOMKilled (exit 137) with the group's oom_kill counter, wait the rendered backoff, retry
+with `--attempt 1`, and the retry must resume from the checkpoint and end with the result.json of an
+uninterrupted trainer run of the identical command line.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from trainer.loop.config import preset
+from trainer.train import oom_hook_step
+from workflows import template as T
+from workflows.cgroup import memory_cgroup_parent
+from workflows.local import parse_duration_s
+
+ROOT = Path(__file__).resolve().parents[1]
+SHA = "0123abc"
+DATA = "synthetic:seed=3,days=2,signal=2"
+CHECKPOINT_EVERY = preset("smoke").loop.checkpoint_every
+"""500: the rendered template cannot pass --checkpoint-every, so the smoke preset's cadence is what runs."""
+OOM_AT_STEP = CHECKPOINT_EVERY
+"""The hook allocates right after the first checkpoint at or after this step: the one at step 500."""
+N_STEPS = CHECKPOINT_EVERY + 60
+"""560: the retry trains 60 steps from the restored checkpoint (replay, RNG and optimiser state all matter)."""
+MEMORY_LIMIT = 1 << 30
+"""1 GiB per train attempt: the trainer peaks near 0.6 GB here, the hook's 64 MiB blocks pass 1 GiB in a second."""
+WALL_CLOCK_FIELDS = {"wall_seconds", "checkpoint_seconds"}
+"""result.json fields allowed to differ between the OOM-killed-and-retried fold and its uninterrupted twin."""
+RUN_TIMEOUT_S = 600.0
+
+
+def _env(tmp_path: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHA_RL_TEST_")}
+    # Single-threaded: bit-identical resume on CPU needs a fixed float reduction order (docs/checkpoints.md).
+    return {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1",
+            "ALPHA_RL_DATA_DIR": str(tmp_path / "data")}
+
+
+def _run(cmd: list[str], env: dict[str, str]) -> subprocess.CompletedProcess:
+    proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT, env=env,
+                            start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=RUN_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)  # the local runner stops its tasks (grace period), then exits
+        out, err = proc.communicate(timeout=180)
+        pytest.fail(f"{cmd[:4]} timed out after {RUN_TIMEOUT_S}s:\n{out[-3000:]}\n{err[-2000:]}")
+    return subprocess.CompletedProcess(cmd, proc.returncode, out, err)
+
+
+def _node_lines(stdout: str, node: str) -> list[str]:
+    prefix = f"{node} "
+    return [line[len(prefix):] for line in stdout.splitlines() if line.startswith(prefix)]
+
+
+def _attempt_ends(stdout: str, node: str) -> list[dict]:
+    events = [json.loads(s) for s in _node_lines(stdout, node) if s.startswith('{"event": "local-attempt-end"')]
+    return [{k: v for k, v in e.items() if k != "duration_s"} for e in events]
+
+
+def _events(log_file: Path) -> list[dict]:
+    return [json.loads(line) for line in log_file.read_text().splitlines() if line.startswith("{")]
+
+
+def _named(events: list[dict], name: str) -> list[dict]:
+    return [e for e in events if e["event"] == name]
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(memory_cgroup_parent() is None,
+                    reason="no writable cgroup-v1 memory hierarchy (/sys/fs/cgroup/memory): cannot OOM-kill for real")
+def test_real_oom_kill_of_fold_1_is_retried_and_resumes_to_the_uninterrupted_result(tmp_path):
+    parent = memory_cgroup_parent()
+    groups_before = set(parent.iterdir())
+    run_root = tmp_path / "runs"
+    env = _env(tmp_path)
+    submit = [
+        sys.executable, "-m", "workflows.submit", "--folds", "3", "--local", "--sha", SHA, "--preset", "smoke",
+        "--device", "cpu", "--n-steps", str(N_STEPS), "--n-backtests", "16", "--per-capacity", "2048",
+        "--data", DATA, "--run-root", str(run_root), "--memory-limit", str(MEMORY_LIMIT),
+        "--env", "ALPHA_RL_TEST_HOOKS=1", "--env", f"ALPHA_RL_TEST_OOM_AT_STEP={OOM_AT_STEP}",
+        "--env", "ALPHA_RL_TEST_OOM_FOLD=1",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    proc = _run(submit, env)
+    dag_s = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    workflow = proc.stdout.splitlines()[-1].split()[2].rstrip(":")  # "local workflow NAME: Succeeded; ..."
+    logs = run_root / "logs" / workflow
+
+    # The runner: fold 1 OOM-killed by the kernel on attempt 0, retried once after the rendered backoff.
+    first, second = _attempt_ends(proc.stdout, "train-fold(1)")
+    assert first == {"event": "local-attempt-end", "node": "train-fold(1)", "retries": 0, "exit_code": 137,
+                     "status": "Failed", "message": "OOMKilled (exit code 137)", "oom_kills": first["oom_kills"]}
+    assert first["oom_kills"] >= 1, "the kernel's oom_kill counter did not move: not an OOM kill"
+    assert second == {"event": "local-attempt-end", "node": "train-fold(1)", "retries": 1, "exit_code": 0,
+                      "status": "Succeeded", "message": "", "oom_kills": 0}
+    (retry,) = [t["retryStrategy"] for t in T.render()["spec"]["templates"] if t["name"] == "train-fold"]
+    backoff_s, limit = parse_duration_s(retry["backoff"]["duration"]), retry["limit"]  # 30 s, 5 as rendered
+    assert f"retrying in {backoff_s:.2f}s (attempt 1 of at most {limit})" in _node_lines(proc.stdout, "train-fold(1)")
+    for fold in (0, 2):
+        assert _attempt_ends(proc.stdout, f"train-fold({fold})") == [
+            {"event": "local-attempt-end", "node": f"train-fold({fold})", "retries": 0, "exit_code": 0,
+             "status": "Succeeded", "message": "", "oom_kills": 0}]  # fmt: skip
+        assert sorted(p.name for p in logs.glob(f"train-fold_{fold}_.attempt*.log")) == [
+            f"train-fold_{fold}_.attempt0.log"]  # fmt: skip
+        ran = _events(logs / f"train-fold_{fold}_.attempt0.log")
+        assert _named(ran, "test_oom_armed") == [] and len(_named(ran, "fresh")) == 1
+    assert set(parent.iterdir()) == groups_before  # every per-attempt cgroup removed
+
+    # The trainer: attempt 0 checkpointed at step 500, then the hook ran it out of memory; no result.
+    killed = _events(logs / "train-fold_1_.attempt0.log")
+    launch0 = _named(killed, "attempt")[0]
+    assert (launch0["fold"], launch0["attempt"]) == ("1", 0)
+    assert [(e["at_step"], e["attempt"]) for e in _named(killed, "test_oom_armed")] == [(OOM_AT_STEP, 0)]
+    assert [e["env_step"] for e in _named(killed, "checkpoint")] == [OOM_AT_STEP]
+    assert [e["env_step"] for e in _named(killed, "test_oom_hook")] == [OOM_AT_STEP]
+    assert _named(killed, "result") == []
+    # Attempt 1 (`--attempt 1`, same environment): resumed from that checkpoint, the hook stayed off.
+    retried = _events(logs / "train-fold_1_.attempt1.log")
+    launch1 = _named(retried, "attempt")[0]
+    assert (launch1["fold"], launch1["attempt"]) == ("1", 1)
+    assert launch1["time_unix_s"] - _named(killed, "test_oom_hook")[0]["ts"] >= backoff_s
+    fold1 = run_root / SHA / "fold1"
+    (resume,) = _named(retried, "resume")
+    assert (resume["attempt"], resume["env_step"]) == (1, OOM_AT_STEP)
+    assert resume["checkpoint"] == str(fold1 / f"checkpoint-{OOM_AT_STEP:012d}.bin")
+    assert _named(retried, "fresh") == [] and _named(retried, "test_oom_armed") == []
+    assert [e["env_step"] for e in _named(retried, "checkpoint")] == [N_STEPS]
+    assert len(_named(retried, "result")) == 1
+
+    # The same fold uninterrupted: attempt 0's exact command line (cgroup wrapper off), own run dir, no hooks.
+    (cmd_line,) = [s for s in _node_lines(proc.stdout, "train-fold(1)") if s.startswith("attempt 0: ")]
+    cmd = shlex.split(cmd_line.removeprefix("attempt 0: "))
+    cmd = cmd[cmd.index("--") + 1:]
+    assert cmd[:4] == [sys.executable, "-m", "workflows.launch", "trainer.train"]
+    ref_run = tmp_path / "reference" / SHA
+    cmd[cmd.index("--run-dir") + 1] = str(ref_run)
+    t0 = time.monotonic()
+    ref = _run(cmd, env)
+    ref_s = time.monotonic() - t0
+    assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-2000:]
+    got = json.loads((fold1 / "result.json").read_text())
+    want = json.loads((ref_run / "fold1" / "result.json").read_text())
+    assert got["env_steps"] == N_STEPS
+    assert {k: v for k, v in got.items() if k not in WALL_CLOCK_FIELDS} == \
+        {k: v for k, v in want.items() if k not in WALL_CLOCK_FIELDS}
+    np.testing.assert_array_equal(np.load(fold1 / "equity.npy"), np.load(ref_run / "fold1" / "equity.npy"))
+    print(f"\nlocal DAG with the OOM: {dag_s:.1f} s; uninterrupted fold-1 trainer: {ref_s:.1f} s")
+
+
+# ──────────────────────────────────────────────────────────────────────── the hook's gating (fast)
+
+
+def _args(fold: int, attempt: int, flag: int | None = None) -> argparse.Namespace:
+    return argparse.Namespace(fold=fold, attempt=attempt, test_oom_at_step=flag)
+
+
+def test_env_oom_hook_is_not_even_read_without_test_hooks(monkeypatch):
+    monkeypatch.delenv("ALPHA_RL_TEST_HOOKS", raising=False)
+    monkeypatch.setenv("ALPHA_RL_TEST_OOM_AT_STEP", "not-a-number")  # never parsed: no error either
+    monkeypatch.setenv("ALPHA_RL_TEST_OOM_FOLD", "1")
+    assert oom_hook_step(_args(1, 0)) == (None, None)
+    monkeypatch.setenv("ALPHA_RL_TEST_HOOKS", "0")
+    assert oom_hook_step(_args(1, 0)) == (None, None)
+    with pytest.raises(ValueError, match="needs ALPHA_RL_TEST_HOOKS=1"):
+        oom_hook_step(_args(1, 0, flag=30))
+
+
+def test_env_oom_hook_arms_only_the_named_fold_on_attempt_0(monkeypatch):
+    monkeypatch.setenv("ALPHA_RL_TEST_HOOKS", "1")
+    monkeypatch.setenv("ALPHA_RL_TEST_OOM_AT_STEP", "500")
+    monkeypatch.setenv("ALPHA_RL_TEST_OOM_FOLD", "1")
+    assert oom_hook_step(_args(1, 0)) == (500, "ALPHA_RL_TEST_OOM_AT_STEP")
+    assert oom_hook_step(_args(0, 0)) == (None, None)
+    assert oom_hook_step(_args(2, 0)) == (None, None)
+    assert oom_hook_step(_args(1, 1)) == (None, None)  # the retry runs with the same env and must not re-plant
+    assert oom_hook_step(_args(0, 0, flag=7)) == (7, "--test-oom-at-step")  # the flag is explicit: it wins
+    monkeypatch.delenv("ALPHA_RL_TEST_OOM_FOLD")
+    assert [oom_hook_step(_args(f, 0))[0] for f in range(3)] == [500, 500, 500]  # no fold named: every fold
+
+
+@pytest.mark.parametrize(("name", "value"), [("ALPHA_RL_TEST_OOM_AT_STEP", "0"), ("ALPHA_RL_TEST_OOM_AT_STEP", "5x"),
+                                             ("ALPHA_RL_TEST_OOM_FOLD", "-1")])
+def test_env_oom_hook_with_a_bad_value_is_refused_naming_the_variable(monkeypatch, name, value):
+    monkeypatch.setenv("ALPHA_RL_TEST_HOOKS", "1")
+    monkeypatch.setenv("ALPHA_RL_TEST_OOM_AT_STEP", "500")
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ValueError, match=f"{name} must be an integer >= ., got '{value}'"):
+        oom_hook_step(_args(1, 0))
