@@ -556,3 +556,29 @@ def test_fold_with_result_json_exits_0_at_once_and_touches_nothing(workdir, fxca
     assert again.events[0]["attempt"] == 3
     assert again.events[0]["result"] == str(fold_dir(baseline_dir) / "result.json")
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in fold_dir(baseline_dir).iterdir()} == before
+
+
+# ──────────────────────────────────────────────────────────────────────── CUDA, deterministic mode
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("encoder", ["mamba", "gru"])
+def test_cuda_deterministic_run_killed_twice_and_resumed_matches_uninterrupted_run(encoder, workdir, fxcache):
+    """The resume contract on the GPU: --deterministic on CUDA (eager step, deterministic kernels, the fused
+    Triton scan for mamba), SIGKILL after a mid-run step and again at an arbitrary moment, then a clean finish."""
+    extra = ("--device", "cuda", "--encoder", encoder)
+    baseline_dir = workdir / f"cuda-{encoder}-baseline"
+    done = run_trainer(train_cmd(baseline_dir, fxcache, *extra))
+    assert done.rc == 0, done.stderr
+    run_dir = workdir / f"cuda-{encoder}-killed"
+    first = run_trainer(train_cmd(run_dir, fxcache, *extra), stop_when=_stop_rule("step", N_STEPS // 2 + LOG_EVERY))
+    assert first.rc == -signal.SIGKILL, first.stderr
+    after_first = newest_checkpoint(run_dir)
+    assert after_first is not None and after_first[0] == N_STEPS // 2
+    second = run_trainer(train_cmd(run_dir, fxcache, *extra, attempt=1),
+                         stop_after_s=0.5 * training_seconds(done))
+    assert second.rc in (-signal.SIGKILL, 0), second.stderr
+    assert_resumed_from(second, after_first, 1)
+    final = run_trainer(train_cmd(run_dir, fxcache, *extra, attempt=2))
+    assert final.rc == 0, final.stderr
+    assert_same_outcome(run_dir, baseline_dir)

@@ -229,7 +229,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--window-rows", type=int, default=DEFAULT_WINDOW_ROWS,
                         help="full step: rows of the training window (acting encodes min(n_envs, rows) windows)")
     parser.add_argument("--encoder", choices=("mamba", "gru"), help="full step: override the preset's encoder")
-    parser.add_argument("--scan", choices=("parallel", "sequential"), help="full step: Mamba selective-scan variant")
+    parser.add_argument("--scan", choices=("fused", "parallel", "sequential"), help="full step: Mamba selective-scan variant")
     args = parser.parse_args(argv)
     agent = {k: v for k, v in {"encoder": args.encoder, "scan": args.scan}.items() if v}
     try:

@@ -11,7 +11,7 @@ import math
 from dataclasses import dataclass
 
 ENCODERS = ("mamba", "gru")
-SCANS = ("parallel", "sequential")
+SCANS = ("fused", "parallel", "sequential")
 
 
 @dataclass(frozen=True)
@@ -37,9 +37,10 @@ class AgentConfig:
     """Kernel length of the causal depthwise convolution (mamba only)."""
     expand: int = 2
     """Inner width = expand * d_model (mamba only)."""
-    scan: str = "parallel"
-    """Selective scan: 'parallel' (Hillis-Steele, log2 W rounds: few kernels, best on GPU) or
-    'sequential' (W dependent steps, less arithmetic: faster on CPU). Same result."""
+    scan: str = "fused"
+    """Selective scan: 'fused' (one Triton kernel each way on CUDA, trainer/agent/scan_fused.py; 'sequential'
+    elsewhere), 'parallel' (Hillis-Steele, log2 W rounds of elementwise ops) or 'sequential' (W dependent
+    steps of a few small kernels; the fastest pure-PyTorch scan on CPU). Same result."""
     n_layers: int = 2
     """Stacked encoder blocks (mamba) or GRU layers."""
     head_hidden: int = 128

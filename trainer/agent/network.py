@@ -24,6 +24,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor, nn
 
+from trainer.agent import scan_fused
 from trainer.agent.c51 import make_support
 from trainer.agent.config import AgentConfig
 
@@ -86,13 +87,22 @@ def selective_scan_parallel(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: T
     return (b * C.unsqueeze(2)).sum(-1) + u * D  # (Bt, L, D)
 
 
+def selective_scan_fused(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor) -> Tensor:
+    """Same result as `selective_scan_sequential`, by the fused Triton kernels where they can run (CUDA),
+    else by the sequential scan (trainer/agent/scan_fused.py)."""
+    if not scan_fused.available(u.device):
+        return selective_scan_sequential(u, delta, A, B, C, D)
+    return scan_fused.fused_scan(u, delta, A, B, C) + u * D
+
+
 class MambaBlock(nn.Module):
     """Mamba (Gu & Dao 2023) mixer in pure PyTorch: in-projection to (x, z); causal depthwise conv +
     SiLU on x; input-dependent Δ, B, C from x; diagonal A < 0; selective scan; gate by SiLU(z)."""
 
-    def __init__(self, d_model: int, d_state: int, d_conv: int, expand: int, scan: str = "parallel"):
+    def __init__(self, d_model: int, d_state: int, d_conv: int, expand: int, scan: str = "fused"):
         super().__init__()
-        self.scan = selective_scan_parallel if scan == "parallel" else selective_scan_sequential
+        self.scan = {"fused": selective_scan_fused, "parallel": selective_scan_parallel,
+                     "sequential": selective_scan_sequential}[scan]
         d_inner = expand * d_model
         self.d_inner, self.d_state = d_inner, d_state
         self.dt_rank = math.ceil(d_model / 16)

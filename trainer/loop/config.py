@@ -94,7 +94,6 @@ def preset(name: str) -> TrainConfig:
     if name == "h100":
         return base.replace(
             sim={"n_envs": 1024},
-            agent={"scan": "sequential"},  # 46.5 vs 31.9 steps/s at n_envs 1024 on the H200 (docs/BENCHMARKS.md)
             replay={"capacity": 65_536},
             loop={"n_steps": 25_000, "log_every": 500, "checkpoint_every": 5_000},
         )

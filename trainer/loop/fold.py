@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
+import os
 import random
 import signal
 import time
@@ -51,6 +52,10 @@ def configure_torch(cfg: TrainConfig) -> None:
     torch.backends.cudnn.allow_tf32 = True
     torch.set_float32_matmul_precision("high")
     if cfg.loop.deterministic:
+        # cuBLAS is only reproducible with a fixed workspace split; it reads this when it first initialises.
+        os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
+        torch.backends.cudnn.benchmark = False
+        torch.backends.cudnn.deterministic = True
         torch.use_deterministic_algorithms(True)
 
 

@@ -1,0 +1,153 @@
+"""Fused selective scan: one Triton kernel for the forward recurrence, one for its backward.
+
+    h_t = exp(Δ_t A) ⊙ h_{t-1} + (Δ_t u_t) B_t        h: (D, N) per sequence, h_{-1} = 0
+    y_t = Σ_n C_{t,n} h_{t,n}                           (the D·u skip term is added by the caller)
+
+Why: the pure-PyTorch sequential scan issues ~4 small kernels per time step forward and ~10 backward, and
+the Hillis-Steele scan moves log2(L) copies of a (Bt, L, D, N) tensor through memory; either way the h100
+preset's training step was bound by them (docs/BENCHMARKS.md). Here each program owns one sequence and a
+block of channels, keeps its (BLOCK_D, N) state in registers, and walks the L steps once: the forward reads
+u, Δ (Bt, L, D) and B, C (Bt, L, N) once and writes y; with `save_states` it also writes every h_t
+(Bt, L, D, N), which the backward reads instead of recomputing.
+
+Backward (reverse-time walk, g = ∂loss/∂h_t accumulated from later steps):
+    g_t   = g_{t+1} ⊙ exp(Δ_{t+1} A) + C_t ⊗ dy_t
+    dC_t  = Σ_d dy_t,d h_t,d                           dB_t = Σ_d g_t,d Δ_t,d u_t,d
+    du_t  = Σ_n g_t B_t Δ_t                            dΔ_t = Σ_n g_t (B_t u_t + A exp(Δ_t A) h_{t-1})
+    dA    = Σ_{b,t} g_t exp(Δ_t A) Δ_t h_{t-1}
+Reductions across channel blocks and sequences are written as per-program partials and summed by torch, not
+with atomics, so results are deterministic (the checkpoint resume contract needs bit-identical replays).
+
+CUDA only; `network.selective_scan_fused` falls back to the sequential PyTorch scan on other devices, so the
+same network runs in CPU CI. `TRITON_INTERPRET=1` runs the kernels on CPU tensors (tests/test_agent_scan.py).
+"""
+from __future__ import annotations
+
+import os
+
+import torch
+from torch import Tensor
+
+try:  # Triton ships with CUDA builds of PyTorch; the CPU wheel CI installs has none.
+    import triton
+    import triton.language as tl
+except ImportError:  # pragma: no cover - exercised on CPU-only installs
+    triton = None
+
+INTERPRET = os.environ.get("TRITON_INTERPRET") == "1"
+
+
+def available(device: torch.device) -> bool:
+    """The fused kernels can run for tensors on `device`."""
+    return triton is not None and (device.type == "cuda" or (INTERPRET and device.type == "cpu"))
+
+
+if triton is not None:
+
+    @triton.jit
+    def _scan_fwd(u_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr, hs_ptr, L, D, N,
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SAVE: tl.constexpr):
+        seq = tl.program_id(0)
+        offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_d, mask_n = offs_d < D, offs_n < N
+        mask_dn = mask_d[:, None] & mask_n[None, :]
+        a = tl.load(a_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)  # (BD, BN)
+        h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        for t in range(L):
+            row = seq * L + t
+            u = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+            dt = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+            bb = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=0.0)
+            cc = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=0.0)
+            h = tl.exp(dt[:, None] * a) * h + (dt * u)[:, None] * bb[None, :]
+            tl.store(y_ptr + row * D + offs_d, tl.sum(h * cc[None, :], axis=1), mask=mask_d)
+            if SAVE:
+                tl.store(hs_ptr + (row * D + offs_d[:, None]) * N + offs_n[None, :], h, mask=mask_dn)
+
+    @triton.jit
+    def _scan_bwd(u_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, hs_ptr, dy_ptr,
+                  du_ptr, ddt_ptr, da_part_ptr, db_part_ptr, dc_part_ptr, n_seq, L, D, N,
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+        seq = tl.program_id(0)
+        blk = tl.program_id(1)
+        offs_d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK_N)
+        mask_d, mask_n = offs_d < D, offs_n < N
+        mask_dn = mask_d[:, None] & mask_n[None, :]
+        a = tl.load(a_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
+        g = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)       # ∂loss/∂h_t
+        da_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)  # this sequence's share of ∂loss/∂A
+        for i in range(L):
+            t = L - 1 - i
+            row = seq * L + t
+            u = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+            dt = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+            bb = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=0.0)
+            cc = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=0.0)
+            dy = tl.load(dy_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+            h = tl.load(hs_ptr + (row * D + offs_d[:, None]) * N + offs_n[None, :], mask=mask_dn, other=0.0)
+            # h_{t-1}, zero at t = 0 (read from row t then, in bounds, and discarded).
+            prev = row - (t > 0).to(tl.int32)
+            h_prev = tl.load(hs_ptr + (prev * D + offs_d[:, None]) * N + offs_n[None, :], mask=mask_dn, other=0.0)
+            h_prev = h_prev * (t > 0).to(tl.float32)
+            g += cc[None, :] * dy[:, None]
+            decay = tl.exp(dt[:, None] * a)
+            g_h_prev = g * h_prev * decay  # ∂loss/∂(Δ A) through the decay term
+            # Partials over this block's channels; blocks are summed on the host side of the kernel (torch).
+            part = (blk * n_seq * L + row) * N + offs_n
+            tl.store(dc_part_ptr + part, tl.sum(h * dy[:, None], axis=0), mask=mask_n)
+            tl.store(db_part_ptr + part, tl.sum(g * (dt * u)[:, None], axis=0), mask=mask_n)
+            tl.store(du_ptr + row * D + offs_d, tl.sum(g * bb[None, :], axis=1) * dt, mask=mask_d)
+            tl.store(ddt_ptr + row * D + offs_d,
+                     tl.sum(g * bb[None, :], axis=1) * u + tl.sum(g_h_prev * a, axis=1), mask=mask_d)
+            da_acc += g_h_prev * dt[:, None]
+            g = g * decay
+        tl.store(da_part_ptr + (seq * D + offs_d[:, None]) * N + offs_n[None, :], da_acc, mask=mask_dn)
+
+
+def _blocks(d: int, n: int) -> tuple[int, int, int]:
+    """(BLOCK_D, BLOCK_N, warps): a (BLOCK_D, BLOCK_N) fp32 state of at most 2,048 values stays in registers."""
+    block_n = triton.next_power_of_2(n)
+    block_d = max(1, min(triton.next_power_of_2(d), 2048 // block_n))
+    return block_d, block_n, 4
+
+
+class _FusedScan(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
+        u, delta, A, B, C = (x.contiguous().float() for x in (u, delta, A, B, C))
+        n_seq, length, d = u.shape
+        n = A.shape[1]
+        save = any(ctx.needs_input_grad)
+        y = torch.empty_like(u)  # (Bt, L, D)
+        hs = u.new_empty((n_seq, length, d, n) if save else (1,))  # every h_t, for the backward
+        block_d, block_n, warps = _blocks(d, n)
+        grid = (n_seq, triton.cdiv(d, block_d))
+        _scan_fwd[grid](u, delta, A, B, C, y, hs, length, d, n,
+                        BLOCK_D=block_d, BLOCK_N=block_n, SAVE=save, num_warps=warps)
+        if save:
+            ctx.save_for_backward(u, delta, A, B, C, hs)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        u, delta, A, B, C, hs = ctx.saved_tensors
+        n_seq, length, d = u.shape
+        n = A.shape[1]
+        block_d, block_n, warps = _blocks(d, n)
+        n_blk = triton.cdiv(d, block_d)
+        du, ddelta = torch.empty_like(u), torch.empty_like(u)
+        da_part = u.new_empty((n_seq, d, n))
+        db_part = u.new_empty((n_blk, n_seq, length, n))
+        dc_part = u.new_empty((n_blk, n_seq, length, n))
+        _scan_bwd[(n_seq, n_blk)](u, delta, A, B, C, hs, dy.contiguous().float(), du, ddelta, da_part,
+                                  db_part, dc_part, n_seq, length, d, n,
+                                  BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
+        return du, ddelta, da_part.sum(0), db_part.sum(0), dc_part.sum(0)
+
+
+def fused_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Tensor:
+    """y_t = C_t · h_t of the recurrence above (no D·u term), differentiable. u, delta: (Bt, L, D); A: (D, N);
+    B, C: (Bt, L, N) -> y (Bt, L, D), float32. Needs `available(u.device)`."""
+    return _FusedScan.apply(u, delta, A, B, C)
