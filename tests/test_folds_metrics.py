@@ -1,4 +1,5 @@
-"""trainer.folds.metrics: bar returns, Sharpe/Sortino/drawdown/Calmar on a hand-built curve, holding times, t-stat."""
+"""trainer.folds.metrics: bar returns, Sharpe/Sortino/drawdown/Calmar on a hand-built curve, holding times, t-stat,
+and the leakage guard's mid edge (per step, its sums, and their exact pooling across folds)."""
 from __future__ import annotations
 
 import math
@@ -6,8 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from trainer.folds.metrics import (bar_ends, bar_returns, bars_per_day, entropy_nats, equity_metrics,
-                                   holding_periods, holding_time, max_drawdown, t_statistic)
+from trainer.folds.metrics import (bar_ends, bar_returns, bars_per_day, edge_stats, edge_sums, entropy_nats,
+                                   equity_metrics, holding_periods, holding_time, max_drawdown, mid_edge, t_statistic)
 
 S = 1_000_000_000  # ns per second
 BAR = 300 * S
@@ -115,3 +116,42 @@ def test_t_statistic_of_fold_pnls():
     assert t_statistic([1.0, 2.0, 3.0]) == pytest.approx(2.0 / (1.0 / math.sqrt(3)))
     assert t_statistic([5.0]) is None
     assert t_statistic([2.0, 2.0]) is None
+
+
+def test_mid_edge_hand_case_marks_each_decided_position_to_the_next_mid():
+    q = np.array([0, 1, 1, -2, 0, 3])
+    mid_x2 = np.array([200, 201, 203, 203, 201, 200, 199])  # 2 x mid: half-tick moves +1, +2, 0, -2, -1, -1
+    e = mid_edge(q, mid_x2, tick_value=12.5)
+    # q x (mid move in ticks) x 12.5: 0, 1 x 1.0, 1 x 0, -2 x -1.0, 0, 3 x -0.5
+    assert e.tolist() == [0.0, 12.5, 0.0, 25.0, 0.0, -18.75]
+    s = edge_sums(e)
+    assert s == {"mid_edge_n": 3, "mid_edge": 18.75, "mid_edge_sumsq": 12.5**2 + 25.0**2 + 18.75**2,
+                 "mid_edge_wins": 2}
+    st = edge_stats(s)
+    # nonzero e = 12.5, 25, -18.75: mean 6.25, sample variance (39.0625 + 351.5625 + 625) / 2 = 507.8125
+    assert st["mid_edge_tstat"] == pytest.approx(6.25 / math.sqrt(507.8125 / 3))
+    assert st["mid_edge_tstat"] == pytest.approx(0.48038446)
+    assert st["mid_hit_rate"] == pytest.approx(2 / 3)
+    with pytest.raises(ValueError, match="mids"):
+        mid_edge(q, mid_x2[:-1], 12.5)
+
+
+def test_pooled_edge_statistics_equal_those_of_the_concatenated_steps():
+    rng = np.random.default_rng(4)
+    folds = [rng.integers(-3, 4, n) * rng.integers(-2, 3, n) * 6.25 + 0.0 for n in (50, 170, 333)]
+    pooled = edge_stats([edge_sums(e) for e in folds])
+    allv = np.concatenate(folds)
+    nz = allv[allv != 0]
+    assert pooled["mid_edge_n"] == nz.size > 300
+    assert pooled["mid_edge"] == pytest.approx(nz.sum())
+    assert pooled["mid_edge_tstat"] == pytest.approx(nz.mean() / (nz.std(ddof=1) / math.sqrt(nz.size)), rel=1e-12)
+    assert pooled["mid_hit_rate"] == pytest.approx(float(np.mean(nz > 0)))
+    assert pooled["mid_edge_tstat"] == pytest.approx(t_statistic(nz), rel=1e-12)
+
+
+def test_edge_stats_without_spread_or_steps_give_no_t():
+    assert edge_stats(edge_sums(np.zeros(10)))["mid_edge_tstat"] is None
+    assert edge_stats(edge_sums(np.zeros(10)))["mid_hit_rate"] is None
+    assert edge_stats(edge_sums(np.array([6.25])))["mid_edge_tstat"] is None  # n = 1
+    same = edge_stats(edge_sums(np.full(1000, 0.1)))  # equal values: sums carry round-off, still no t
+    assert same["mid_edge_tstat"] is None and same["mid_hit_rate"] == 1.0

@@ -1,4 +1,5 @@
-"""trainer.report: summarise(), gates, verdict, t-statistic, report.md, PNGs and the CLI's exit codes."""
+"""trainer.report: summarise(), gates, verdict, t-statistic, the leakage guard, report.md, PNGs and the CLI's exit
+codes."""
 from __future__ import annotations
 
 import json
@@ -10,7 +11,8 @@ import numpy as np
 import pytest
 
 from trainer.errors import InputError
-from trainer.report import GateConfig, summarise
+from trainer.folds.metrics import edge_stats, edge_sums
+from trainer.report import GateConfig, LeakageConfig, summarise
 from trainer.report.__main__ import main
 from trainer.report.plots import training_curves
 
@@ -18,12 +20,14 @@ BASE = {"ofi_rule": {"net_pnl": 50.0, "win_rate": 0.6}, "flat": {"net_pnl": 0.0,
         "random": {"net_pnl": -80.0, "win_rate": 0.3}}
 
 
-def _fold(run, i, folds=3, win=0.6, net=100.0, hold=0.5, ent=1.2, curves=True):
+def _fold(run, i, folds=3, win=0.6, net=100.0, hold=0.5, ent=1.2, curves=True, edge=None):
     d = run / f"fold{i}"
     d.mkdir(parents=True)
     r = {"fold": i, "folds": folds, "win_rate": win, "net_pnl": net, "hold_frac": hold, "dir_entropy": ent,
          "trades": 40, "sharpe": 1.5, "max_drawdown": 20.0, "eval_window": [10 * (i + 1), 10 * (i + 2)],
          "baselines": BASE}
+    if edge is not None:  # what evaluate() writes: the sums and this fold's own statistics
+        r.update(edge_stats(edge_sums(edge)))
     (d / "result.json").write_text(json.dumps(r))
     if curves:
         np.save(d / "equity.npy", np.cumsum(np.r_[0.0, np.ones(20)]) * (i + 1))
@@ -138,3 +142,83 @@ def test_training_curves_skip_torn_lines_and_keep_the_last_record_per_step(tmp_p
     assert c["env_step"].tolist() == [5, 10]
     assert math.isnan(c["loss"][0]) and c["loss"][1] == 1.0  # no gradient step yet → no loss point
     assert c["win_rate"].tolist() == [0.1, 0.3]
+
+
+def _edges(seed, n, bias=0.0):
+    """Per-step mid edges like a fold's: price moves of +-0.5..1.5 ticks times positions in -3..3, many zeros."""
+    rng = np.random.default_rng(seed)
+    q = rng.integers(-3, 4, n)
+    move = rng.choice([-3, -2, -1, 0, 1, 2, 3], n) + np.where(rng.random(n) < bias, np.sign(q), 0)
+    return q * move * 6.25
+
+
+def test_leakage_pools_the_folds_mid_edges_exactly_and_suspects_nothing_on_noise(tmp_path):
+    folds = [_edges(s, n) for s, n in ((1, 400), (2, 650), (3, 520))]
+    for i, (e, net) in enumerate(zip(folds, (-2400.0, -900.0, -3100.0))):
+        _fold(tmp_path, i, win=0.3, net=net, edge=e)
+    leak = summarise(tmp_path)["leakage"]
+    nz = np.concatenate(folds)
+    nz = nz[nz != 0]
+    assert leak["mid_edge_n"] == nz.size > 1000
+    assert leak["mid_edge"] == pytest.approx(nz.sum())
+    assert leak["mid_edge_tstat"] == pytest.approx(nz.mean() / (nz.std(ddof=1) / math.sqrt(nz.size)), rel=1e-12)
+    assert leak["mid_hit_rate"] == pytest.approx(float(np.mean(nz > 0)))
+    assert abs(leak["mid_edge_tstat"]) < 2 and abs(leak["mid_hit_rate"] - 0.5) < 0.03
+    assert leak["net_pnl_tstat"] < 0  # losing folds: costs, not edge, and no suspicion
+    assert leak["leak_suspected"] is False and leak["reasons"] == []
+    assert set(leak["folds"]) == {"0", "1", "2"} and leak["folds"]["1"]["mid_edge_n"] == int(np.sum(folds[1] != 0))
+    assert leak["folds_without_mid_edge"] == []
+
+
+@pytest.mark.parametrize("kind", ["tstat", "hit_rate", "net_pnl"])
+def test_each_leakage_rule_alone_raises_the_suspicion(tmp_path, kind):
+    cfg = LeakageConfig()
+    if kind == "tstat":  # fewer but larger winners: positive mean, hit rate stays at or below one half
+        edges = [np.r_[np.full(200, 30.0), np.full(220, -20.0)] for _ in range(3)]
+    elif kind == "hit_rate":  # more winners than losers, zero mean
+        edges = [np.r_[np.full(280, 10.0), np.full(200, -14.0)] for _ in range(3)]
+    else:
+        edges = [_edges(s, 500) for s in range(3)]
+    nets = (100.0, 110.0, 120.0) if kind == "net_pnl" else (-100.0, 50.0, -20.0)
+    for i, (e, net) in enumerate(zip(edges, nets)):
+        _fold(tmp_path, i, net=net, edge=e)
+    leak = summarise(tmp_path, leak_cfg=cfg)["leakage"]
+    assert leak["leak_suspected"] is True and len(leak["reasons"]) == 1
+    assert {"tstat": "mid-edge t", "hit_rate": "hit rate", "net_pnl": "net-PnL t"}[kind] in leak["reasons"][0]
+    if kind == "hit_rate":
+        assert leak["mid_edge"] == 0.0 and leak["mid_hit_rate"] == pytest.approx(280 / 480)
+    with pytest.raises(ValueError, match="max_mid_hit_rate"):
+        LeakageConfig(max_mid_hit_rate=0.4)
+
+
+def test_leakage_detects_a_small_directional_bias_pooled_over_folds(tmp_path):
+    # 8 % of the steps move one tick more with the position: not every fold shows it alone, the pooled t does
+    for i in range(3):
+        _fold(tmp_path, i, win=0.3, net=-500.0, edge=_edges(10 + i, 900, bias=0.08))
+    s = summarise(tmp_path)
+    per_fold = [f["mid_edge_tstat"] for f in s["leakage"]["folds"].values()]
+    assert s["leakage"]["mid_edge_tstat"] > 2 and min(per_fold) < 2
+    assert s["leakage"]["leak_suspected"] is True and s["verdict"] == "fail"  # the verdict comes from the gates
+
+
+def test_folds_without_mid_edge_are_listed_and_left_out_of_the_pool(tmp_path):
+    _fold(tmp_path, 0, edge=_edges(1, 300))
+    _fold(tmp_path, 1)  # an older result.json without the mid edge
+    leak = summarise(tmp_path)["leakage"]
+    assert leak["folds_without_mid_edge"] == [1] and list(leak["folds"]) == ["0"]
+    assert leak["mid_edge_n"] == int(np.sum(_edges(1, 300) != 0))
+    for i in (0, 1):
+        _fold(tmp_path / "old", i, folds=2, net=500.0 + i)
+    leak = summarise(tmp_path / "old")["leakage"]  # no fold has it: nothing to pool, no suspicion from it
+    assert leak["mid_edge_n"] == 0 and leak["mid_edge_tstat"] is None and leak["mid_hit_rate"] is None
+    assert leak["folds_without_mid_edge"] == [0, 1] and leak["leak_suspected"] is True  # net PnL t = 1001: still judged
+
+
+def test_report_markdown_has_the_leakage_section(tmp_path, capsys):
+    for i in range(3):
+        _fold(tmp_path, i, edge=_edges(i, 300), net=-100.0 * (i + 1), curves=False)
+    assert main(["--run-dir", str(tmp_path)]) == 0
+    md = (tmp_path / "report.md").read_text()
+    assert "## Leakage guard" in md and "| pooled |" in md and "**no leak suspected**" in md
+    assert json.loads((tmp_path / "summary.json").read_text())["leakage"]["leak_suspected"] is False
+    assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["leak_suspected"] is False

@@ -5,8 +5,9 @@ together they cover the window once; a last step then sends every env a FLAT mar
 open at a segment's end are closed and counted (trade statistics, win rate, PnL, fees). Action frequencies and the
 hold fraction are read before that forced step, so they are the policy's own. The continuous pass is one env that
 replays the whole window from its first usable row, recording equity and position per step (equity curve → bar
-returns → Sharpe, Sortino, drawdown, Calmar; position path → holding times). The simulator flattens it at the
-window's last row.
+returns → Sharpe, Sortino, drawdown, Calmar; position path → holding times), and the position decided at every
+row against the next mid move (the cost-free mid edge of the leakage guard, docs/walk-forward.md). The simulator
+flattens it at the window's last row.
 
 Every policy — the agent's greedy argmax and the baselines in `trainer.folds.baselines` — runs through this same
 function, so their numbers compare like for like.
@@ -22,15 +23,16 @@ import numpy as np
 import torch
 
 from trainer.features.decision import DecisionTape
-from trainer.folds.metrics import TRADING_DAYS_PER_YEAR, bars_per_day, entropy_nats, equity_metrics, holding_time
-from trainer.sim import FLAT, MARKET, Simulator, SimConfig
+from trainer.folds.metrics import (TRADING_DAYS_PER_YEAR, bars_per_day, edge_stats, edge_sums, entropy_nats,
+                                   equity_metrics, holding_time, mid_edge)
+from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, Simulator, SimConfig
 from trainer.sim.actions import DIRECTION_NAMES
 
 # policy(obs (B, W, F), env_state (B, S)) -> actions (B, n_branches) int64
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 HEADLINE = ("win_rate", "net_pnl", "gross_pnl", "fees", "trades", "sharpe", "max_drawdown", "hold_frac",
-            "mean_holding_seconds", "turnover_contracts")
+            "mean_holding_seconds", "turnover_contracts", "mid_edge", "mid_edge_tstat", "mid_hit_rate", "mid_edge_n")
 """The metrics kept for baselines in result.json (a small dict each)."""
 
 
@@ -58,6 +60,7 @@ class EvalResult:
     equity: np.ndarray  # (steps + 1,) float64 continuous-pass equity in currency, starting at 0
     ts_ns: np.ndarray  # (steps + 1,) int64 decision times of the equity points
     position: np.ndarray  # (steps + 1,) int64 continuous-pass position (contracts) at the equity points
+    edge: np.ndarray  # (steps,) float64 continuous-pass mid edge e_t per decision step, currency (see mid_edge)
 
 
 def _gather(features: torch.Tensor, rows: torch.Tensor, window: int) -> torch.Tensor:
@@ -84,21 +87,48 @@ def _segments(policy: Policy, features: torch.Tensor, sim: Simulator, start_rows
     return {k: float(v) for k, v in sim.stats(state).items()}, policy_stats
 
 
+def decision_position(executed: torch.Tensor | None, position: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+    """(B,) int64 position each env holds over the interval (t, t+1] as decided at row t, i.e. after the fills at
+    the book of row t and before any fill inside the interval.
+
+    executed: (B, n_branches) the action that reaches the exchange at row t (the one chosen latency_steps rows
+    earlier; None when the delay line is still empty); position: (B,) contracts at row t before that action;
+    target: (3,) contracts per magnitude (SimConfig.target_contracts). Simulator rules 2-3: a SHORT / LONG / FLAT
+    market instruction fills completely at the book of row t, so the position becomes its target; HOLD and limit
+    instructions leave it as it is (a limit fill happens inside the interval, at a price set by what the market
+    did, so it enters the next step's q: counting it here would credit adverse selection as direction).
+    Everything here is known at row t, which is what makes E[e_t] = 0 on a martingale mid."""
+    if executed is None:
+        return position.clone()
+    direction, magnitude, order_type = executed[:, 0], executed[:, 1], executed[:, 2]
+    tgt = target[magnitude]
+    goal = torch.where(direction == LONG, tgt, torch.where(direction == SHORT, -tgt, torch.zeros_like(tgt)))
+    market = (direction != HOLD) & (order_type == MARKET)
+    return torch.where(market, goal, position)
+
+
 @torch.no_grad()
 def _continuous(policy: Policy, features: torch.Tensor, sim: Simulator, first: int, steps: int, window: int,
-                start: int, stop: int) -> tuple[dict, np.ndarray, np.ndarray]:
-    """One env over the whole window: (stats, equity (steps+1,), position (steps+1,))."""
+                start: int, stop: int) -> tuple[dict, np.ndarray, np.ndarray, np.ndarray]:
+    """One env over the whole window: (stats, equity (steps+1,), position (steps+1,), decision position (steps,))."""
     dev = features.device
     state = sim.reset(start, stop, min_history=window - 1, start_rows=torch.tensor([first], device=dev))
     equity = torch.empty(steps + 1, dtype=torch.float64, device=dev)  # (steps + 1,) filled on the device
     position = torch.empty(steps + 1, dtype=torch.int64, device=dev)
+    held = torch.empty(steps, dtype=torch.int64, device=dev)  # (steps,) q_t of the mid edge
+    target = torch.tensor(sim.cfg.target_contracts, dtype=torch.int64, device=dev)  # (3,)
+    lag = sim.cfg.latency_steps
+    sent: list[torch.Tensor] = []  # actions in flight: the continuous pass never re-places its env before the end
     equity[0], position[0] = sim.equity(state)[0], state.position[0]
     for k in range(steps):
         obs = _gather(features, state.cursor, window)
-        sim.step(state, policy(obs, sim.env_features(state)))
+        action = policy(obs, sim.env_features(state))
+        sent.append(action)
+        held[k] = decision_position(sent[k - lag] if k >= lag else None, state.position, target)[0]
+        sim.step(state, action)
         equity[k + 1], position[k + 1] = sim.equity(state)[0], state.position[0]
     stats = {k: float(v) for k, v in sim.stats(state).items()}  # host sync, once per evaluation
-    return stats, equity.cpu().numpy(), position.cpu().numpy()
+    return stats, equity.cpu().numpy(), position.cpu().numpy(), held.cpu().numpy()
 
 
 def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg: SimConfig, window: int,
@@ -114,6 +144,9 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
       limit_fill_rate           limit orders completely filled / placed
       sharpe, sortino, max_drawdown, calmar, annual_pnl   continuous pass, bar returns (trainer.folds.metrics)
       mean_holding_steps/_seconds   continuous pass, closed trips
+      mid_edge, mid_edge_tstat, mid_hit_rate, mid_edge_n (+ mid_edge_sumsq, mid_edge_wins for exact pooling)
+                                continuous pass: cost-free mark-to-mid PnL of the decided positions over the nonzero
+                                steps (trainer.folds.metrics.mid_edge): the leakage guard's statistic
     """
     cfg = cfg or EvalConfig()
     if n_envs is not None:
@@ -130,8 +163,12 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
     seg, seg_policy = _segments(policy, features, seg_sim, starts, seg_len, window, start, stop)
 
     one_sim = Simulator(tape, dataclasses.replace(sim_cfg, n_envs=1), device)
-    cont, equity, position = _continuous(policy, features, one_sim, first, span, window, start, stop)
+    cont, equity, position, held = _continuous(policy, features, one_sim, first, span, window, start, stop)
     equity = equity - equity[0]
+    rows = slice(first, first + span + 1)
+    mid_x2 = np.asarray(tape.bid_px[rows, 0], dtype=np.int64) + np.asarray(tape.ask_px[rows, 0], dtype=np.int64)
+    edge = mid_edge(held, mid_x2, float(tape.tick_value))  # (span,) currency per decision step
+    edge_summary = edge_stats(edge_sums(edge))
 
     ts = np.asarray(tape.ts_ns[first:first + span + 1], dtype=np.int64)
     bar_ns = cfg.bar_seconds * 1_000_000_000
@@ -161,5 +198,6 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
         "bar_seconds": cfg.bar_seconds,
         **equity_metrics(equity, ts, bar_ns, bars_year),
         **holding_time(position, ts),
+        **edge_summary,
     }
-    return EvalResult(metrics=metrics, equity=equity, ts_ns=ts, position=position)
+    return EvalResult(metrics=metrics, equity=equity, ts_ns=ts, position=position, edge=edge)

@@ -154,3 +154,48 @@ def t_statistic(values: list[float] | np.ndarray) -> float | None:
     if sd == 0.0:
         return None
     return float(v.mean() / (sd / math.sqrt(v.size)))
+
+
+def mid_edge(decision_position: np.ndarray, mid_x2: np.ndarray, tick_value: float) -> np.ndarray:
+    """(n,) float64 cost-free mark-to-mid PnL per decision step (currency): e_t = q_t (mid_{t+1} − mid_t) tick_value.
+
+    decision_position: (n,) signed contracts q_t held over the interval (t, t+1] as decided at row t (known at t:
+    see trainer.folds.evaluate). mid_x2: (n + 1,) integer 2 × mid in ticks (best bid + best ask) at rows t..t+n.
+    Fees, the spread and limit-fill prices are left out on purpose: this is the direction of the positions against
+    the next mid move, which a causal policy cannot predict on a martingale market (E[e_t] = 0)."""
+    q = np.asarray(decision_position, dtype=np.int64)
+    m2 = np.asarray(mid_x2, dtype=np.int64)
+    if q.ndim != 1 or m2.shape != (q.size + 1,):
+        raise ValueError(f"mid_edge needs positions (n,) and mids (n + 1,), got {q.shape} and {m2.shape}")
+    return (q * np.diff(m2)).astype(np.float64) * (tick_value / 2.0)  # exact integer half-ticks, then currency
+
+
+def edge_sums(e: np.ndarray) -> dict[str, float | int]:
+    """The sufficient statistics of the nonzero per-step edges (what folds store so the report can pool exactly):
+    mid_edge_n (count), mid_edge (sum, currency), mid_edge_sumsq (sum of squares), mid_edge_wins (count > 0)."""
+    v = np.asarray(e, dtype=np.float64)
+    v = v[v != 0.0]  # flat steps and unchanged mids carry no information about direction
+    return {"mid_edge_n": int(v.size), "mid_edge": float(v.sum()), "mid_edge_sumsq": float((v * v).sum()),
+            "mid_edge_wins": int((v > 0).sum())}
+
+
+def edge_stats(sums: dict[str, float | int] | list[dict[str, float | int]]) -> dict[str, float | int | None]:
+    """t-statistic and hit rate of the nonzero edges from their sums (several folds' sums pool exactly: the result
+    equals edge_stats of the concatenated steps).
+
+    mid_edge_tstat = mean / (sample std / sqrt(n)), None for n < 2 or zero spread; mid_hit_rate = share > 0, None
+    for n = 0. Under the null (a causal policy on a martingale mid) the e_t are martingale differences, so they are
+    uncorrelated even though consecutive positions are not, and the t-statistic is asymptotically N(0, 1)."""
+    parts = [sums] if isinstance(sums, dict) else list(sums)
+    n = sum(int(p["mid_edge_n"]) for p in parts)
+    s = math.fsum(float(p["mid_edge"]) for p in parts)
+    ss = math.fsum(float(p["mid_edge_sumsq"]) for p in parts)
+    wins = sum(int(p["mid_edge_wins"]) for p in parts)
+    out: dict[str, float | int | None] = {"mid_edge_n": n, "mid_edge": s, "mid_edge_sumsq": ss, "mid_edge_wins": wins,
+                                          "mid_edge_tstat": None, "mid_hit_rate": wins / n if n else None}
+    if n >= 2:
+        var = max(ss - s * s / n, 0.0) / (n - 1)  # sample variance from the sums
+        if var > 1e-12 * ss / n:  # below this the spread is round-off of equal values: no t
+
+            out["mid_edge_tstat"] = (s / n) / math.sqrt(var / n)
+    return out

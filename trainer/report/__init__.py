@@ -11,6 +11,13 @@ Gates (the seed plan's; thresholds in `GateConfig`), each evaluated over every f
   hold_frac                the evaluation hold fraction lies within [0.30, 0.70] on every fold
   complete                 every fold 0..K-1 has a result (K from the results' `folds`)
 verdict: "pass" when every gate passes, "incomplete" when folds are missing, else "fail".
+
+Leakage guard (`leakage` block, thresholds in `LeakageConfig`; not a gate, it does not change the verdict): the
+folds' cost-free mid edges (trainer.folds.metrics.mid_edge: decided position × next mid move, fees and spread left
+out) are pooled exactly from their per-fold sums into one t-statistic and hit rate; together with the net-PnL
+t-statistic across folds they give `leak_suspected` = pooled mid-edge t > 2 or pooled hit rate > 0.53 or net-PnL
+t > 2. It means "leak" only on a control market without signal (`synthetic:...,signal=0`), where no causal policy
+can have an edge; on a market with signal the same numbers measure the (wanted) edge. See docs/walk-forward.md.
 """
 from __future__ import annotations
 
@@ -22,13 +29,15 @@ from pathlib import Path
 from typing import Any
 
 from trainer.errors import InputError
-from trainer.folds.metrics import t_statistic
+from trainer.folds.metrics import edge_stats, t_statistic
 
 FOLD_DIR = re.compile(r"^fold(\d+)$")
 REQUIRED = ("fold", "folds", "win_rate", "net_pnl", "hold_frac", "dir_entropy")
 TABLE_METRICS = ("win_rate", "trades", "net_pnl", "gross_pnl", "fees", "sharpe", "sortino", "max_drawdown", "calmar",
                  "turnover_contracts", "hold_frac", "mean_holding_seconds", "limit_fill_rate", "dir_entropy",
-                 "eval_dir_entropy")
+                 "eval_dir_entropy", "mid_edge", "mid_edge_tstat", "mid_hit_rate", "mid_edge_n")
+EDGE_SUMS = ("mid_edge_n", "mid_edge", "mid_edge_sumsq", "mid_edge_wins")
+"""The per-fold sufficient statistics of the mid edge (result.json) that pool exactly across folds."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +62,61 @@ class GateConfig:
             raise ValueError(f"GateConfig.min_dir_entropy_nats must be finite and >= 0, got {self.min_dir_entropy_nats!r}")
         if self.hold_frac_min > self.hold_frac_max:
             raise ValueError(f"GateConfig.hold_frac_max must be >= hold_frac_min, got {self.hold_frac_max!r}")
+
+
+@dataclass(frozen=True)
+class LeakageConfig:
+    max_mid_edge_tstat: float = 2.0
+    """Leak suspected when the pooled mid-edge t-statistic (all folds' nonzero steps) is above this."""
+    max_mid_hit_rate: float = 0.53
+    """Leak suspected when the pooled share of positive mid-edge steps is above this (0.5 under no edge)."""
+    max_net_pnl_tstat: float = 2.0
+    """Leak suspected when the net-PnL t-statistic across folds is above this (one-sided: losses are costs)."""
+
+    def __post_init__(self) -> None:
+        for name in ("max_mid_edge_tstat", "max_net_pnl_tstat"):
+            v = getattr(self, name)
+            if not (math.isfinite(v) and v > 0):
+                raise ValueError(f"LeakageConfig.{name} must be finite and > 0, got {v!r}")
+        if not (math.isfinite(self.max_mid_hit_rate) and 0.5 <= self.max_mid_hit_rate < 1.0):
+            raise ValueError(f"LeakageConfig.max_mid_hit_rate must be in [0.5, 1), got {self.max_mid_hit_rate!r}")
+
+
+def leakage(results: list[dict[str, Any]], net_pnl_tstat: float | None,
+            cfg: LeakageConfig = LeakageConfig()) -> dict[str, Any]:
+    """The leakage block of summary.json from the fold results (see the module docstring).
+
+    Folds whose result.json predates the mid edge are listed in `folds_without_mid_edge` and left out of the pool;
+    a statistic that cannot be computed (None: no folds with the edge, fewer than 2 nonzero steps, under 2 folds for
+    the net-PnL t) raises no suspicion on its own."""
+    with_edge = [r for r in results if all(r.get(k) is not None for k in EDGE_SUMS)]
+    pooled = edge_stats([{k: r[k] for k in EDGE_SUMS} for r in with_edge])
+    t, hit = pooled["mid_edge_tstat"], pooled["mid_hit_rate"]
+    reasons = []
+    if t is not None and t > cfg.max_mid_edge_tstat:
+        reasons.append(f"pooled mid-edge t {t:.2f} > {cfg.max_mid_edge_tstat:g}")
+    if hit is not None and hit > cfg.max_mid_hit_rate:
+        reasons.append(f"pooled mid hit rate {hit:.3f} > {cfg.max_mid_hit_rate:g}")
+    if net_pnl_tstat is not None and net_pnl_tstat > cfg.max_net_pnl_tstat:
+        reasons.append(f"net-PnL t across folds {net_pnl_tstat:.2f} > {cfg.max_net_pnl_tstat:g}")
+    per_fold = {str(r["fold"]): {"mid_edge": r["mid_edge"], "mid_edge_n": r["mid_edge_n"],
+                                 **{k: v for k, v in edge_stats({k: r[k] for k in EDGE_SUMS}).items()
+                                    if k in ("mid_edge_tstat", "mid_hit_rate")},
+                                 "win_rate": r["win_rate"], "net_pnl": r["net_pnl"]} for r in with_edge}
+    return {
+        "rule": (f"leak suspected when pooled mid-edge t > {cfg.max_mid_edge_tstat:g}, pooled mid hit rate > "
+                 f"{cfg.max_mid_hit_rate:g} or net-PnL t across folds > {cfg.max_net_pnl_tstat:g} "
+                 "(meaningful on a signal=0 control market)"),
+        "mid_edge": pooled["mid_edge"],
+        "mid_edge_n": pooled["mid_edge_n"],
+        "mid_edge_tstat": t,
+        "mid_hit_rate": hit,
+        "net_pnl_tstat": net_pnl_tstat,
+        "folds": per_fold,
+        "folds_without_mid_edge": sorted({r["fold"] for r in results} - {r["fold"] for r in with_edge}),
+        "reasons": reasons,
+        "leak_suspected": bool(reasons),
+    }
 
 
 def read_results(run_dir: Path) -> list[dict[str, Any]]:
@@ -108,10 +172,12 @@ def gates(folds: list[dict[str, Any]], expected: int, cfg: GateConfig = GateConf
     }
 
 
-def summarise(run_dir: str | Path, cfg: GateConfig = GateConfig()) -> dict[str, Any]:
+def summarise(run_dir: str | Path, cfg: GateConfig = GateConfig(),
+              leak_cfg: LeakageConfig = LeakageConfig()) -> dict[str, Any]:
     """The run's summary (what summary.json holds): `folds` (one object per fold: the metrics incl. `win_rate`, and
     `baselines`), `gates`, `verdict`, `net_pnl_tstat` (t of the per-fold net PnL against 0; None below 2 folds),
-    and cross-fold aggregates. InputError when the run has no fold result at all."""
+    `leakage` (the pooled mid edge and `leak_suspected`), and cross-fold aggregates. InputError when the run has no
+    fold result at all."""
     run_dir = Path(run_dir)
     results = read_results(run_dir)
     if not results:
@@ -128,12 +194,14 @@ def summarise(run_dir: str | Path, cfg: GateConfig = GateConfig()) -> dict[str, 
     verdict = "incomplete" if missing else ("pass" if all(x["passed"] for x in g.values()) else "fail")
     net = [float(f["net_pnl"]) for f in folds]
     baseline_names = sorted({b for f in folds for b in f["baselines"]})
+    net_t = t_statistic(net)
     return {
         "run_dir": str(run_dir),
         "folds": folds,
         "expected_folds": expected,
         "missing_folds": missing,
-        "net_pnl_tstat": t_statistic(net),
+        "net_pnl_tstat": net_t,
+        "leakage": leakage(results, net_t, leak_cfg),
         "aggregate": {
             "mean_win_rate": sum(f["win_rate"] for f in folds) / len(folds),
             "total_net_pnl": sum(net),

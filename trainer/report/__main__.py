@@ -60,9 +60,32 @@ def render_markdown(summary: dict[str, Any], plots: list[str]) -> str:
               "|---|---|---|---|"]
     for name, g in summary["gates"].items():
         lines.append(f"| {name} | {g['rule']} | {_fmt(g['passed'])} | {', '.join(map(str, g['failing_folds'])) or '–'} |")
+    lines += render_leakage(summary["leakage"])
     if plots:
         lines += ["", "## Figures", ""] + [f"![{p}]({p})" for p in plots]
     return "\n".join(lines) + "\n"
+
+
+def render_leakage(leak: dict[str, Any]) -> list[str]:
+    """The leakage-guard section: per-fold and pooled mid edge, hit rate, net-PnL t and the verdict."""
+    verdict = "LEAK SUSPECTED: " + "; ".join(leak["reasons"]) if leak["leak_suspected"] else "no leak suspected"
+    lines = ["", "## Leakage guard", "",
+             "Cost-free mid edge: the position decided at each step times the next mid move (fees and spread left "
+             "out). On a control market without signal (`signal=0`) a causal policy has none, so an edge there "
+             "means the policy sees the future; on a market with signal it is the edge the agent found. "
+             f"Rule: {leak['rule']}.", "",
+             "| fold | mid edge | steps | mid-edge t | mid hit rate | win rate | net PnL |",
+             "|---|---|---|---|---|---|---|"]
+    for fold, f in leak["folds"].items():
+        lines.append(f"| {fold} | {_fmt(f['mid_edge'], 2)} | {f['mid_edge_n']} | {_fmt(f['mid_edge_tstat'], 2)} | "
+                     f"{_fmt(f['mid_hit_rate'])} | {_fmt(f['win_rate'])} | {_fmt(f['net_pnl'], 2)} |")
+    lines.append(f"| pooled | {_fmt(leak['mid_edge'], 2)} | {leak['mid_edge_n']} | {_fmt(leak['mid_edge_tstat'], 2)} | "
+                 f"{_fmt(leak['mid_hit_rate'])} | | |")
+    lines += ["", f"Net-PnL t across folds {_fmt(leak['net_pnl_tstat'], 2)}. **{verdict}**."]
+    if leak["folds_without_mid_edge"]:
+        lines.append(f"Folds without a mid edge in result.json (left out): "
+                     f"{', '.join(map(str, leak['folds_without_mid_edge']))}.")
+    return lines
 
 
 def write_report(run_dir: Path) -> dict[str, Any]:
@@ -89,7 +112,8 @@ def main(argv: list[str] | None = None) -> int:
         return exit_code_for(exc)
     print(json.dumps({"event": "report", "run_dir": str(args.run_dir), "verdict": summary["verdict"],
                       "folds": len(summary["folds"]), "net_pnl_tstat": summary["net_pnl_tstat"],
-                      "failed_gates": [k for k, g in summary["gates"].items() if not g["passed"]]}), flush=True)
+                      "failed_gates": [k for k, g in summary["gates"].items() if not g["passed"]],
+                      "leak_suspected": summary["leakage"]["leak_suspected"]}), flush=True)
     if args.strict and summary["verdict"] != "pass":
         return EXIT_GATE_FAILED
     return EXIT_OK
