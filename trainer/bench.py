@@ -115,7 +115,7 @@ DEFAULT_WINDOW_ROWS = 2_600
 
 
 def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, tape_rows: int = DEFAULT_WINDOW_ROWS,
-                   agent: dict | None = None):
+                   agent: dict | None = None, compile: str = "none"):
     """A FoldTrainer at the preset's model size on a random tape with random features (no data pipeline)."""
     import numpy as np
 
@@ -123,7 +123,8 @@ def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, ta
     from trainer.loop.fold import FoldTrainer, Window
 
     cfg = preset(preset_name)
-    cfg = cfg.replace(sim={"n_envs": n_envs, "seed": seed}, loop={"device": device, "seed": seed, "learning_starts": 8},
+    cfg = cfg.replace(sim={"n_envs": n_envs, "seed": seed}, loop={"device": device, "seed": seed, "learning_starts": 8,
+                                                                 "compile": compile},
                       replay={"capacity": max(cfg.replay.capacity, 4 * n_envs)}, agent=agent or {})
     tape = random_decision_tape(tape_rows, levels=10, radius=16, seed=seed)
     features = np.random.default_rng(seed).standard_normal((tape_rows, 23)).astype(np.float32)
@@ -142,7 +143,8 @@ def step_flops(trainer) -> int:
 
 
 def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name: str = "h100",
-                   seed: int = 0, window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None) -> dict:
+                   seed: int = 0, window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None,
+                   compile: str = "none") -> dict:
     """Time `steps` full training steps; returns steps/s, transitions/s, ms/step, peak memory, losses."""
     from trainer.loop.step import GraphedStep
 
@@ -152,7 +154,7 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
     if mode == "graph" and dev.type != "cuda":
         raise ValueError("graph mode needs --device cuda")
     torch.manual_seed(seed)
-    trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent)
+    trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, compile)
     step = trainer.step_fn
     for _ in range(trainer.cfg.loop.learning_starts):  # fill the replay past a batch (n-step rings mature)
         step.act_and_store()
@@ -176,7 +178,8 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
         "bench": "step", "mode": mode, "preset": preset_name, "n_envs": n_envs, "steps": steps,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "batch_size": trainer.agent_cfg.batch_size, "encoder": trainer.agent_cfg.encoder,
-        "scan": trainer.agent_cfg.scan, "window_rows": window_rows, "act_by_row_table": step.table_rows is not None,
+        "scan": trainer.agent_cfg.scan, "compile": compile, "window_rows": window_rows,
+        "act_by_row_table": step.table_rows is not None,
         "steps_per_s": sps, "transitions_per_s": sps * n_envs, "ms_per_step": 1e3 / sps,
         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
         "flops_per_step": flops, "model_tflops": flops * sps / 1e12, "mean_loss": losses[-1],
@@ -185,14 +188,14 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
 
 
 def sweep(device: str, n_envs_list: list[int], steps: int, preset_name: str, window_rows: int = DEFAULT_WINDOW_ROWS,
-          agent: dict | None = None) -> list[dict]:
+          agent: dict | None = None, compile: str = "none") -> list[dict]:
     dev = torch.device(device)
     ceiling = tf32_ceiling_tflops(dev) if dev.type == "cuda" else None
     rows = []
     for n in n_envs_list:
         for mode in (("eager", "graph") if dev.type == "cuda" else ("eager",)):
             r = run_step_bench(n, steps if mode == "graph" else max(steps // 4, 20), device, mode, preset_name,
-                               window_rows=window_rows, agent=agent)
+                               window_rows=window_rows, agent=agent, compile=compile)
             r["tf32_ceiling_tflops"] = ceiling
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -219,7 +222,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="timed steps (after warm-up)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--no-cuda-graph", action="store_true", help="on CUDA, launch the step eagerly")
-    parser.add_argument("--compile", action="store_true", help="torch.compile the step (compile time not timed)")
+    parser.add_argument("--compile", nargs="?", const="all", default="none", choices=("none", "sim", "all"),
+                        help="torch.compile (compile time not timed): sim-only, any value compiles the simulator "
+                             "step; full step, 'sim' or 'all' (also the Q-network) as LoopConfig.compile")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     parser.add_argument("--mode", choices=("eager", "graph", "both"), default="both",
                         help="full step: eager, CUDA graph, or both side by side (graph needs CUDA)")
@@ -237,7 +242,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
         if args.sweep:
             rows = sweep(args.device, [int(x) for x in args.n_envs_list.split(",")], args.steps, args.preset,
-                         args.window_rows, agent)
+                         args.window_rows, agent, args.compile)
             print_table(rows)
             return 0
         if not args.sim_only:
@@ -245,7 +250,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.mode == "both" and torch.device(args.device).type != "cuda":
                 modes = ("eager",)  # side by side needs CUDA; an explicit --mode graph on CPU is refused (exit 2)
             rows = [run_step_bench(args.n_envs, args.steps, args.device, m, args.preset, window_rows=args.window_rows,
-                                   agent=agent) for m in modes]
+                                   agent=agent, compile=args.compile) for m in modes]
             if args.json:
                 for r in rows:
                     print(json.dumps(r))
@@ -253,7 +258,7 @@ def main(argv: list[str] | None = None) -> int:
                 print_table(rows)
             return 0
         result = run_sim_bench(args.n_envs, args.steps, args.device, cuda_graph=not args.no_cuda_graph,
-                               compile=args.compile)
+                               compile=args.compile != "none")
     except Exception as exc:  # process edge: one clear line on stderr, exit code per DESIGN.md
         print(f"trainer.bench: error: {exc}", file=sys.stderr)
         return exit_code_for(exc)

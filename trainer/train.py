@@ -21,6 +21,7 @@ import numpy as np
 import torch
 
 from trainer.fsutil import atomic_write_text
+from trainer.loop.config import COMPILE_CHOICES
 from trainer.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGTERM, KillCriterion, exit_code_for
 
 # Fields that may change between attempts without changing what the run computes.
@@ -50,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--device", help="auto | cpu | cuda[:i]")
     p.add_argument("--mode", choices=("auto", "eager", "graph"), help="eager, CUDA graph, or auto (graph on CUDA)")
     p.add_argument("--encoder", choices=("mamba", "gru"), help="sequence encoder")
+    p.add_argument("--compile", choices=COMPILE_CHOICES,
+                   help="torch.compile in the step: none, sim (simulator step) or all (also the Q-network)")
     p.add_argument("--deterministic", action="store_true", help="bit-reproducible run (deterministic algorithms)")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 5000)")
     p.add_argument("--keep-checkpoints", type=int, help="newest checkpoints kept (>= 2)")
@@ -84,7 +87,7 @@ def config_from_args(args: argparse.Namespace):
     loop = {k: v for k, v in {
         "n_steps": args.n_steps, "seed": args.seed, "device": args.device, "mode": args.mode,
         "checkpoint_every": args.checkpoint_every, "keep_checkpoints": args.keep_checkpoints,
-        "log_every": args.log_every}.items() if v is not None}
+        "log_every": args.log_every, "compile": args.compile}.items() if v is not None}
     if args.deterministic:
         loop["deterministic"] = True
     sections: dict[str, dict] = {"loop": loop}

@@ -16,6 +16,9 @@ from trainer.sim import ENV_FEATURES
 from trainer.sim.config import SimConfig
 
 
+COMPILE_CHOICES = ("none", "sim", "all")
+
+
 @dataclass(frozen=True)
 class LoopConfig:
     n_steps: int = 25_000
@@ -32,6 +35,11 @@ class LoopConfig:
     """'eager', 'graph' (CUDA graph of the whole step; CUDA only) or 'auto' (graph on CUDA, eager on CPU)."""
     device: str = "auto"
     """'auto' (cuda if available), 'cpu' or 'cuda[:i]'."""
+    compile: str = "none"
+    """torch.compile inside the step: 'none', 'sim' (the simulator step: its ~500 small elementwise kernels fuse
+    into a few) or 'all' (also the Q-network forward, around the fused scan). Paid once per process (tens of
+    seconds on a GPU); the values match eager to float rounding, not bit for bit, so it is part of the checkpoint
+    fingerprint."""
     seed: int = 0
     """Seed for torch, numpy, python and the simulator's reset hash."""
     deterministic: bool = False
@@ -51,6 +59,8 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.keep_checkpoints must be >= 2, got {self.keep_checkpoints!r}")
         if self.mode not in ("auto", "eager", "graph"):
             raise ValueError(f"LoopConfig.mode must be auto|eager|graph, got {self.mode!r}")
+        if self.compile not in COMPILE_CHOICES:
+            raise ValueError(f"LoopConfig.compile must be one of {COMPILE_CHOICES}, got {self.compile!r}")
 
 
 @dataclass(frozen=True)

@@ -48,8 +48,15 @@ class TrainStep:
 
     def __init__(self, features: torch.Tensor, sim: Simulator, state, learner: Learner, nstep: NStepAccumulator,
                  replay: PrioritizedReplay, window: int, batch_size: int, dir_counts: torch.Tensor,
-                 row_range: tuple[int, int] | None = None):
+                 row_range: tuple[int, int] | None = None, compile: str = "none"):
         self.features, self.sim, self.state = features, sim, state
+        # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all', the
+        # network's norms/activations/projections around the fused scan. Compiled on the first eager step, so a
+        # graph capture afterwards records the compiled kernels.
+        self.sim_step = torch.compile(sim.step, dynamic=False) if compile in ("sim", "all") else sim.step
+        if compile == "all":
+            for net in (learner.online, learner.target):
+                net.forward = torch.compile(net.forward, dynamic=False)  # instance attribute: state_dict unchanged
         # Acting by row table: the encoder reads only the feature window, a function of the decision row, so when
         # the window has fewer usable rows than there are envs, encoding each row once and gathering by cursor
         # does less work than encoding every env's window (same values; a shape-static choice made here).
@@ -75,7 +82,7 @@ class TrainStep:
                 z = z_table.index_select(0, row - self.table_rows[0])  # (n_envs, d_model)
                 logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
                 actions = select_actions(logits, net.support, net.action_mask, explore=True)
-        out = self.sim.step(state, actions)
+        out = self.sim_step(state, actions)
         next_env_state = self.sim.env_features(state)
         transitions, valid = self.nstep.push(row, env_state, actions, out.reward, out.done, state.cursor,
                                              next_env_state, reset=out.truncated)
