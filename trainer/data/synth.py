@@ -37,6 +37,8 @@ from pathlib import Path
 
 import databento_dbn as dbn
 import numpy as np
+
+from trainer.fsutil import atomic_write_bytes
 from trainer.jit import njit
 
 from trainer.errors import exit_code_for
@@ -690,12 +692,7 @@ def _write_atomic(path: Path, payload: bytes, compress: bool) -> None:
 
         # Single-threaded, no content checksum variance: deterministic bytes for the same input.
         payload = zstandard.ZstdCompressor(level=3, write_content_size=True).compress(payload)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    with open(tmp, "wb") as f:
-        f.write(payload)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
+    atomic_write_bytes(path, payload)
 
 
 @dataclass(frozen=True)
