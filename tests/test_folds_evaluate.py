@@ -86,6 +86,8 @@ def test_continuous_pass_equity_positions_and_trip_count_are_consistent(market):
     assert res.metrics["holding_trips"] == res.metrics["continuous_trades"] > 0
     assert res.metrics["continuous_net_pnl"] == pytest.approx(float(res.equity[-1]))
     assert res.metrics["mean_holding_seconds"] == pytest.approx(30.0 * res.metrics["mean_holding_steps"])
+    assert res.metrics["time_in_market"] == pytest.approx(float(np.mean(res.position[:-1] != 0)))
+    assert 0 < res.metrics["time_in_market"] < 1
     # 5-minute bars over 30 s decisions: 10 decisions per bar
     assert res.metrics["n_bars"] == pytest.approx(span / 10, abs=2)
     assert all(math.isfinite(res.metrics[k]) for k in ("sharpe", "sortino", "calmar", "max_drawdown"))

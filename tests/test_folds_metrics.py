@@ -96,6 +96,9 @@ def test_holding_periods_hand_case_with_a_flip_and_a_size_change():
     assert h["holding_trips"] == 3
     assert h["mean_holding_steps"] == pytest.approx((2 + 1 + 2) / 3)
     assert h["mean_holding_seconds"] == pytest.approx(10 * (2 + 1 + 2) / 3)
+    # intervals starting at positions 0,1,2,0,-1,1,1,0 (the last point starts none): 5 of 8 in the market
+    assert h["time_in_market"] == pytest.approx(5 / 8)
+    assert holding_time(np.zeros(4, dtype=int), ts[:4])["time_in_market"] == 0.0
 
 
 def test_holding_periods_match_the_reference_on_random_paths():

@@ -32,7 +32,7 @@ from trainer.sim.actions import DIRECTION_NAMES
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 HEADLINE = ("win_rate", "net_pnl", "gross_pnl", "fees", "trades", "sharpe", "max_drawdown", "hold_frac",
-            "mean_holding_seconds", "turnover_contracts", "mid_edge", "mid_edge_tstat", "mid_hit_rate", "mid_edge_n")
+            "time_in_market", "mean_holding_seconds", "turnover_contracts", "mid_edge", "mid_edge_tstat", "mid_hit_rate", "mid_edge_n")
 """The metrics kept for baselines in result.json (a small dict each)."""
 
 
@@ -144,6 +144,7 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
       limit_fill_rate           limit orders completely filled / placed
       sharpe, sortino, max_drawdown, calmar, annual_pnl   continuous pass, bar returns (trainer.folds.metrics)
       mean_holding_steps/_seconds   continuous pass, closed trips
+      time_in_market            continuous pass: share of decision intervals spent with a nonzero position
       mid_edge, mid_edge_tstat, mid_hit_rate, mid_edge_n (+ mid_edge_sumsq, mid_edge_wins for exact pooling)
                                 continuous pass: cost-free mark-to-mid PnL of the decided positions over the nonzero
                                 steps (trainer.folds.metrics.mid_edge): the leakage guard's statistic

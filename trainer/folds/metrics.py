@@ -122,14 +122,18 @@ def holding_periods(position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 
 def holding_time(position: np.ndarray, ts_ns: np.ndarray) -> dict[str, float]:
-    """Mean holding time of the closed round trips of a position path, in decision steps and in seconds."""
-    opens, closes = holding_periods(position)
+    """Mean holding time of the closed round trips of a position path, in decision steps and in seconds, and
+    `time_in_market`: the share of the path's intervals (t, t+1] that start with a nonzero position."""
+    pos = np.asarray(position)
+    in_market = float(np.mean(pos[:-1] != 0)) if pos.size > 1 else 0.0
+    opens, closes = holding_periods(pos)
     ts = np.asarray(ts_ns, dtype=np.int64)
     if opens.size == 0:
-        return {"mean_holding_steps": 0.0, "mean_holding_seconds": 0.0, "holding_trips": 0}
+        return {"mean_holding_steps": 0.0, "mean_holding_seconds": 0.0, "holding_trips": 0,
+                "time_in_market": in_market}
     return {"mean_holding_steps": float(np.mean(closes - opens)),
             "mean_holding_seconds": float(np.mean(ts[closes] - ts[opens]) / 1e9),
-            "holding_trips": int(opens.size)}
+            "holding_trips": int(opens.size), "time_in_market": in_market}
 
 
 def entropy_nats(counts: np.ndarray) -> float:
