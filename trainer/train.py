@@ -47,6 +47,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--n-envs", "--n-backtests", dest="n_envs", type=int, help="parallel backtests (envs)")
     p.add_argument("--per-capacity", type=int, help="prioritised replay capacity (auto-raised to >= 4 x n_envs)")
     p.add_argument("--batch-size", type=int, help="replay batch per gradient step")
+    p.add_argument("--inventory-penalty", type=float,
+                   help="bounded reward shaping: reward units per step at full position (SimConfig, default 0)")
     p.add_argument("--seed", type=int, help="seed for torch, numpy, python and the simulator")
     p.add_argument("--device", help="auto | cpu | cuda[:i]")
     p.add_argument("--mode", choices=("auto", "eager", "graph"), help="eager, CUDA graph, or auto (graph on CUDA)")
@@ -95,6 +97,8 @@ def config_from_args(args: argparse.Namespace):
         sections["sim"] = {"n_envs": args.n_envs}
     if args.seed is not None:
         sections.setdefault("sim", {})["seed"] = args.seed
+    if args.inventory_penalty is not None:
+        sections.setdefault("sim", {})["inventory_penalty"] = args.inventory_penalty
     if args.per_capacity is not None:
         sections["replay"] = {"capacity": args.per_capacity}
     agent = {k: v for k, v in {"batch_size": args.batch_size, "encoder": args.encoder}.items() if v is not None}
