@@ -20,9 +20,9 @@ from typing import Any
 import numpy as np
 import torch
 
+from trainer.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGTERM, KillCriterion, exit_code_for
 from trainer.fsutil import atomic_write_text
 from trainer.loop.config import COMPILE_CHOICES
-from trainer.errors import EXIT_BAD_INPUT, EXIT_OK, EXIT_SIGTERM, KillCriterion, exit_code_for
 
 # Fields that may change between attempts without changing what the run computes.
 RESUMABLE_LOOP_FIELDS = ("n_steps", "log_every", "checkpoint_every", "keep_checkpoints", "mode", "device",

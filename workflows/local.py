@@ -78,9 +78,13 @@ class Attempt:
     status: str  # "Succeeded" | "Failed" | "Error"
     message: str
     duration_s: float
-    oom_killed: bool = False
     oom_kills: int | None = None
     """The attempt's memory cgroup's kernel `oom_kill` counter after exit; None when it ran without a cgroup."""
+
+    @property
+    def oom_killed(self) -> bool:
+        """The kernel OOM killer ended a process of this attempt (what a pod reports as OOMKilled)."""
+        return bool(self.oom_kills)
 
 
 @dataclass
@@ -429,7 +433,7 @@ class _Runner:
             return Attempt(retries, 0, "Succeeded", "", duration, oom_kills=oom_kills)
         if oom_kills:
             message = f"OOMKilled (exit code {code})"
-            return Attempt(retries, code, "Failed", message, duration, oom_killed=True, oom_kills=oom_kills)
+            return Attempt(retries, code, "Failed", message, duration, oom_kills=oom_kills)
         if reason == "deadline":
             message = "Pod was active on the node longer than the specified deadline"
             return Attempt(retries, code, "Failed", message, duration, oom_kills=oom_kills)

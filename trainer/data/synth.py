@@ -38,10 +38,9 @@ from pathlib import Path
 import databento_dbn as dbn
 import numpy as np
 
+from trainer.errors import exit_code_for
 from trainer.fsutil import atomic_write_bytes
 from trainer.jit import njit
-
-from trainer.errors import exit_code_for
 
 LEVELS = 10  # MBP-10: visible depth, and the number of dense price levels the simulator keeps per side
 FIXED_PRICE_SCALE = 1_000_000_000  # DBN prices are int64 in units of 1e-9

@@ -200,6 +200,5 @@ def edge_stats(sums: dict[str, float | int] | list[dict[str, float | int]]) -> d
     if n >= 2:
         var = max(ss - s * s / n, 0.0) / (n - 1)  # sample variance from the sums
         if var > 1e-12 * ss / n:  # below this the spread is round-off of equal values: no t
-
             out["mid_edge_tstat"] = (s / n) / math.sqrt(var / n)
     return out

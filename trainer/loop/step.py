@@ -55,8 +55,11 @@ class TrainStep:
         # graph capture afterwards records the compiled kernels.
         self.sim_step = torch.compile(sim.step, dynamic=False) if compile in ("sim", "all") else sim.step
         if compile == "all":
+            # encoder and head rather than forward: acting by row table calls them directly. Instance attributes,
+            # so state_dict and the checkpoint layout are unchanged.
             for net in (learner.online, learner.target):
-                net.forward = torch.compile(net.forward, dynamic=False)  # instance attribute: state_dict unchanged
+                net.encoder.forward = torch.compile(net.encoder.forward, dynamic=False)
+                net.head = torch.compile(net.head, dynamic=False)
         # Acting by row table: the encoder reads only the feature window, a function of the decision row, so when
         # the window has fewer usable rows than there are envs, encoding each row once and gathering by cursor
         # does less work than encoding every env's window (same values; a shape-static choice made here).

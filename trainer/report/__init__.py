@@ -34,8 +34,8 @@ from trainer.folds.metrics import edge_stats, t_statistic
 FOLD_DIR = re.compile(r"^fold(\d+)$")
 REQUIRED = ("fold", "folds", "win_rate", "net_pnl", "hold_frac", "dir_entropy")
 TABLE_METRICS = ("win_rate", "trades", "net_pnl", "gross_pnl", "fees", "sharpe", "sortino", "max_drawdown", "calmar",
-                 "turnover_contracts", "hold_frac", "time_in_market", "mean_holding_seconds", "limit_fill_rate", "dir_entropy",
-                 "eval_dir_entropy", "mid_edge", "mid_edge_tstat", "mid_hit_rate", "mid_edge_n")
+                 "turnover_contracts", "hold_frac", "time_in_market", "mean_holding_seconds", "limit_fill_rate",
+                 "dir_entropy", "eval_dir_entropy", "mid_edge", "mid_edge_tstat", "mid_hit_rate", "mid_edge_n")
 EDGE_SUMS = ("mid_edge_n", "mid_edge", "mid_edge_sumsq", "mid_edge_wins")
 """The per-fold sufficient statistics of the mid edge (result.json) that pool exactly across folds."""
 

@@ -37,7 +37,8 @@ def render_markdown(summary: dict[str, Any], plots: list[str]) -> str:
     baselines = sorted({b for f in folds for b in f["baselines"]})
     cols = [("win_rate", "win rate"), ("trades", "trades"), ("net_pnl", "net PnL"), ("fees", "fees"),
             ("sharpe", "Sharpe"), ("max_drawdown", "max DD"), ("hold_frac", "hold"),
-            ("time_in_market", "in market"), ("mean_holding_seconds", "mean hold s"), ("dir_entropy", "dir H (train)")]
+            ("time_in_market", "in market"), ("mean_holding_seconds", "mean hold s"),
+            ("dir_entropy", "dir H (train)")]
     head = ["fold"] + [c[1] for c in cols]
     for b in baselines:
         head += [f"{b} net PnL", f"{b} win"]
