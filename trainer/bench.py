@@ -2,6 +2,7 @@
 
     python -m trainer.bench --sim-only --n-envs N --steps S --device cpu|cuda [--json]
     python -m trainer.bench --n-envs N --steps S --mode eager|graph|both --device D [--preset h100] [--json]
+    python -m trainer.bench --profile --n-envs N --device D [--compile sim|all]      (kernels per step region)
     python -m trainer.bench --sweep [--n-envs-list 256,1024,4096,16384] --device cuda     (the issue-8 table)
 
 --sim-only times `Simulator.step` alone (random actions on a random, well-formed DecisionTape) and reports
@@ -187,6 +188,86 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
     }
 
 
+def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int = 5,
+                 window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None, compile: str = "none") -> dict:
+    """Where one eager full step spends device time: kernels launched and their summed duration per labelled
+    region of `TrainStep` (trainer.loop.step.REGIONS), averaged over `steps` profiled steps, plus the top
+    kernels. In a CUDA graph the same kernels run back to back, so their summed time is roughly the graph's
+    step time; the kernel count says how much launch overhead eager mode pays."""
+    from torch.profiler import ProfilerActivity, profile
+
+    from trainer.loop.step import REGIONS
+
+    dev = torch.device(device)
+    torch.manual_seed(0)
+    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile)
+    step = trainer.step_fn
+    for _ in range(trainer.cfg.loop.learning_starts):
+        step.act_and_store()
+    for _ in range(3):
+        step()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+        if dev.type == "cuda":
+            torch.cuda.synchronize(dev)  # host sync: end of the profiled region only
+    on_cuda = dev.type == "cuda"
+    regions = {name: {"kernels": 0, "device_us": 0.0} for name in REGIONS}
+    kernels: dict[str, list[float]] = {}
+
+    def walk(event, region: str | None) -> None:
+        name = event.name
+        if name.startswith("step.") and name[5:] in regions:
+            region = name[5:]
+        # On CUDA the device kernels the op launched; on CPU the leaf aten ops stand in for kernels.
+        if on_cuda:
+            launched = [(k.name, k.duration) for k in event.kernels]
+        elif not event.cpu_children and name.startswith("aten::"):
+            launched = [(name, event.self_cpu_time_total)]
+        else:
+            launched = []
+        for kname, us in launched:
+            kernels.setdefault(kname, []).append(us)
+            if region is not None:
+                regions[region]["kernels"] += 1
+                regions[region]["device_us"] += us
+        for child in event.cpu_children:
+            walk(child, region)
+
+    for event in prof.events():
+        if event.cpu_parent is None:
+            walk(event, None)
+    total_kernels = sum(len(v) for v in kernels.values())
+    # Kernels outside every labelled range: on CUDA, the backward pass (autograd runs it on its own thread).
+    regions["unlabelled"] = {"kernels": total_kernels - sum(v["kernels"] for v in regions.values()),
+                             "device_us": sum(sum(v) for v in kernels.values())
+                             - sum(v["device_us"] for v in regions.values())}
+    top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
+    return {
+        "bench": "profile", "preset": preset_name, "n_envs": n_envs, "compile": compile, "steps": steps,
+        "kernels_per_step": total_kernels / steps,
+        "device_us_per_step": sum(sum(v) for v in kernels.values()) / steps,
+        "regions": {k: {"kernels": v["kernels"] / steps, "device_us": v["device_us"] / steps}
+                    for k, v in regions.items()},
+        "top_kernels": [{"name": name[:90], "calls_per_step": len(d) / steps, "us_per_step": sum(d) / steps}
+                        for name, d in top],
+    }
+
+
+def print_profile(r: dict) -> None:
+    print(f"profile: preset {r['preset']}, n_envs {r['n_envs']:,}, compile {r['compile']}, {r['steps']} eager steps")
+    print(f"kernels per step {r['kernels_per_step']:.0f}, summed kernel time per step {r['device_us_per_step']:.0f} us")
+    print("| region | kernels/step | kernel us/step |")
+    print("|---|---:|---:|")
+    for name, v in r["regions"].items():
+        print(f"| {name} | {v['kernels']:.0f} | {v['device_us']:.0f} |")
+    print("| kernel | calls/step | us/step |")
+    print("|---|---:|---:|")
+    for k in r["top_kernels"]:
+        print(f"| {k['name']} | {k['calls_per_step']:.1f} | {k['us_per_step']:.1f} |")
+
+
 def sweep(device: str, n_envs_list: list[int], steps: int, preset_name: str, window_rows: int = DEFAULT_WINDOW_ROWS,
           agent: dict | None = None, compile: str = "none") -> list[dict]:
     dev = torch.device(device)
@@ -229,6 +310,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mode", choices=("eager", "graph", "both"), default="both",
                         help="full step: eager, CUDA graph, or both side by side (graph needs CUDA)")
     parser.add_argument("--preset", default="h100", help="model/replay size of the full step (h100 or smoke)")
+    parser.add_argument("--profile", action="store_true",
+                        help="full step: kernels and device time per region of one eager step (torch.profiler)")
     parser.add_argument("--sweep", action="store_true", help="full step over --n-envs-list, eager and graph")
     parser.add_argument("--n-envs-list", default="256,1024,4096,16384", help="n_envs values for --sweep")
     parser.add_argument("--window-rows", type=int, default=DEFAULT_WINDOW_ROWS,
@@ -240,6 +323,11 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
             raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
+        if args.profile:
+            r = profile_step(args.n_envs, args.device, args.preset, window_rows=args.window_rows, agent=agent,
+                             compile=args.compile)
+            print(json.dumps(r)) if args.json else print_profile(r)
+            return 0
         if args.sweep:
             rows = sweep(args.device, [int(x) for x in args.n_envs_list.split(",")], args.steps, args.preset,
                          args.window_rows, agent, args.compile)

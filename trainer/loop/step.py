@@ -15,6 +15,15 @@ from trainer.agent.replay import NStepAccumulator, PrioritizedReplay
 from trainer.sim import Simulator
 
 
+REGIONS = ("act", "sim", "store", "sample", "update", "priorities")
+"""Labelled parts of one step (torch.profiler ranges, read by `python -m trainer.bench --profile`)."""
+
+
+def _region(name: str) -> torch.autograd.profiler.record_function:
+    # A profiler range: a few hundred ns of host work when no profiler is active, nothing on the device.
+    return torch.autograd.profiler.record_function(f"step.{name}")
+
+
 def gather_windows(features: torch.Tensor, rows: torch.Tensor, window: int) -> torch.Tensor:
     """Observation windows by row index: features[rows - W + 1 : rows + 1] for every row.
 
@@ -73,35 +82,44 @@ class TrainStep:
 
     def act_and_store(self) -> None:
         state = self.state
-        row = state.cursor.clone()  # (n_envs,) decision row observed now
-        env_state = self.sim.env_features(state)  # (n_envs, S)
+        with _region("act"):
+            row = state.cursor.clone()  # (n_envs,) decision row observed now
+            env_state = self.sim.env_features(state)  # (n_envs, S)
+            actions = self._act(row, env_state)
+        with _region("sim"):
+            out = self.sim_step(state, actions)
+        with _region("store"):
+            next_env_state = self.sim.env_features(state)
+            transitions, valid = self.nstep.push(row, env_state, actions, out.reward, out.done, state.cursor,
+                                                 next_env_state, reset=out.truncated)
+            self.replay.add(transitions, valid)
+            self.dir_counts += torch.nn.functional.one_hot(actions[:, 0], 4).sum(0)
+            self.metrics.sums[6] += out.reward.mean()
+
+    def _act(self, row: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
+        """Actions (n_envs, n_branches) int64 from the online net, Thompson-sampled on every branch."""
         if self.table_rows is None:
             obs = gather_windows(self.features, row, self.window)  # (n_envs, W, F)
-            actions = self.learner.act(obs, env_state, explore=True)  # (n_envs, n_branches) Thompson on direction
-        else:
-            net = self.learner.online
-            with torch.no_grad():
-                z_table = net.encoder(gather_windows(self.features, self.table_rows, self.window))  # (R, d_model)
-                z = z_table.index_select(0, row - self.table_rows[0])  # (n_envs, d_model)
-                logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
-                actions = select_actions(logits, net.support, net.action_mask, explore=True)
-        out = self.sim_step(state, actions)
-        next_env_state = self.sim.env_features(state)
-        transitions, valid = self.nstep.push(row, env_state, actions, out.reward, out.done, state.cursor,
-                                             next_env_state, reset=out.truncated)
-        self.replay.add(transitions, valid)
-        self.dir_counts += torch.nn.functional.one_hot(actions[:, 0], 4).sum(0)
-        self.metrics.sums[6] += out.reward.mean()
+            return self.learner.act(obs, env_state, explore=True)
+        net = self.learner.online
+        with torch.no_grad():
+            z_table = net.encoder(gather_windows(self.features, self.table_rows, self.window))  # (R, d_model)
+            z = z_table.index_select(0, row - self.table_rows[0])  # (n_envs, d_model)
+            logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
+            return select_actions(logits, net.support, net.action_mask, explore=True)
 
     def learn(self) -> None:
-        idx, batch, weights = self.replay.sample(self.batch_size)
-        obs = gather_windows(self.features, batch.row, self.window)
-        next_obs = gather_windows(self.features, batch.next_row, self.window)
-        out = self.learner.update(Batch(obs, batch.env_state, batch.action.long(), batch.return_n,
-                                        batch.discount_n, next_obs, batch.next_env_state, weights))
-        self.replay.update_priorities(idx, out["priorities"])
-        self.metrics.sums[:6] += torch.stack([out[k] for k in StepMetrics.NAMES[:6]]).float()
-        self.metrics.count += 1
+        with _region("sample"):
+            idx, batch, weights = self.replay.sample(self.batch_size)
+            obs = gather_windows(self.features, batch.row, self.window)
+            next_obs = gather_windows(self.features, batch.next_row, self.window)
+        with _region("update"):
+            out = self.learner.update(Batch(obs, batch.env_state, batch.action.long(), batch.return_n,
+                                            batch.discount_n, next_obs, batch.next_env_state, weights))
+        with _region("priorities"):
+            self.replay.update_priorities(idx, out["priorities"])
+            self.metrics.sums[:6] += torch.stack([out[k] for k in StepMetrics.NAMES[:6]]).float()
+            self.metrics.count += 1
 
     def __call__(self) -> None:
         self.act_and_store()

@@ -1,0 +1,34 @@
+"""The full-step benchmark and its profile (trainer.bench): shapes of the output, not speeds."""
+from __future__ import annotations
+
+import json
+
+from trainer.bench import main, profile_step
+from trainer.loop.step import REGIONS
+
+
+def test_full_step_bench_prints_one_json_line_per_mode_with_transitions_per_s(capsys) -> None:
+    assert main(["--n-envs", "16", "--steps", "3", "--device", "cpu", "--preset", "smoke", "--window-rows", "400",
+                 "--json"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    assert len(lines) == 1  # --mode both on CPU runs eager only (side by side needs CUDA)
+    r = json.loads(lines[0])
+    assert r["mode"] == "eager" and r["n_envs"] == 16 and r["steps"] == 3
+    assert r["transitions_per_s"] == r["steps_per_s"] * 16
+    assert r["flops_per_step"] > 0
+
+
+def test_full_step_graph_mode_on_cpu_exits_2_with_one_line_error(capsys) -> None:
+    assert main(["--n-envs", "16", "--steps", "3", "--device", "cpu", "--preset", "smoke", "--mode", "graph"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "graph mode needs" in err[0]
+
+
+def test_profile_attributes_every_op_of_a_step_to_a_region() -> None:
+    r = profile_step(16, "cpu", "smoke", steps=2, window_rows=400)
+    regions = r["regions"]
+    assert set(regions) == {*REGIONS, "unlabelled"}
+    assert sum(v["kernels"] for v in regions.values()) == r["kernels_per_step"]
+    for name in ("act", "sim", "store", "sample", "update", "priorities"):
+        assert regions[name]["kernels"] > 0, name  # every labelled part of the step ran ops
+    assert r["top_kernels"] and all(k["calls_per_step"] > 0 for k in r["top_kernels"])
