@@ -133,6 +133,24 @@ def test_gradient_is_clipped_to_the_controller_clip():
     torch.testing.assert_close(clipped, torch.tensor(1e-3), rtol=1e-3, atol=0)
 
 
+def test_gradients_are_views_into_one_flat_buffer_that_backward_fills_in_place():
+    cfg = tiny_cfg(clip_init=1e6)  # no clipping: the buffer holds the raw gradient after the update
+    learner = perturbed_learner(cfg, adaptive=False)
+    addresses = [p.grad.data_ptr() for p in learner.params]
+    learner.update(random_batch(cfg, seed=1))
+    fresh = perturbed_learner(cfg, adaptive=False)  # same state, but no gradient left over from update 1
+    fresh.load_state_dict(learner.state_dict())
+    metrics = learner.update(random_batch(cfg, seed=2))
+    fresh.update(random_batch(cfg, seed=2))
+    assert [p.grad.data_ptr() for p in learner.params] == addresses  # stable storage: a captured graph stays valid
+    flat = torch.cat([p.grad.flatten() for p in learner.params])
+    assert torch.equal(flat, learner.flat_grad) and torch.count_nonzero(flat) > 0
+    assert torch.equal(learner.flat_grad, fresh.flat_grad)  # zeroed before backward, not accumulated
+    # The reported pre-clip norm is the norm of the whole gradient, as the per-tensor formula gives it.
+    per_tensor = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in learner.params]))
+    torch.testing.assert_close(metrics["grad_norm"], per_tensor, rtol=1e-6, atol=0)
+
+
 def test_non_finite_batch_keeps_parameters_finite_and_trips_the_kill_check():
     cfg = tiny_cfg()
     learner = perturbed_learner(cfg)

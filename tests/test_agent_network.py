@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from trainer.agent.config import AgentConfig
-from trainer.agent.network import (MambaBlock, QNetwork, branch_action_mask, expected_q, selective_scan_parallel,
+from trainer.agent.network import (MambaBlock, causal_depthwise_conv, QNetwork, branch_action_mask, expected_q, selective_scan_parallel,
                                    selective_scan_sequential)
 
 
@@ -66,6 +66,27 @@ def test_sequential_scan_matches_hand_computed_recurrence():
     h2 = torch.exp(torch.tensor(-1.0)) * h1 + 0.5 * 3.0 * 2.0
     want = torch.tensor([[[2.0 * h1 + 0.1], [float(h2) + 0.2]]])
     torch.testing.assert_close(selective_scan_sequential(u, delta, A, B, C, D), want)
+
+
+def test_causal_depthwise_conv_matches_hand_computed_taps():
+    # K = 2, one channel: y_t = b + w_0 u_{t-1} + w_1 u_t with u_{-1} = 0.
+    u = torch.tensor([[[1.0], [2.0], [4.0]]])  # (1, 3, 1)
+    y = causal_depthwise_conv(u, torch.tensor([[[10.0, 1.0]]]), torch.tensor([0.5]))
+    assert y.flatten().tolist() == [0.5 + 1.0, 0.5 + 10.0 + 2.0, 0.5 + 20.0 + 4.0]
+
+
+def test_causal_depthwise_conv_matches_torch_conv1d_values_and_gradients():
+    torch.manual_seed(0)
+    conv = torch.nn.Conv1d(6, 6, 4, groups=6, padding=3).double()
+    u = torch.randn(3, 9, 6, dtype=torch.float64, requires_grad=True)
+    ref = conv(u.transpose(1, 2))[..., :9].transpose(1, 2)  # the Conv1d formulation: pad both sides, keep the first L
+    got = causal_depthwise_conv(u, conv.weight, conv.bias)
+    torch.testing.assert_close(got, ref, rtol=0, atol=1e-12)
+    g = torch.randn_like(ref)
+    ref_grads = torch.autograd.grad(ref, (u, conv.weight, conv.bias), g)
+    got_grads = torch.autograd.grad(got, (u, conv.weight, conv.bias), g)
+    for a, b in zip(got_grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-12)
 
 
 def test_mamba_block_is_causal():

@@ -71,7 +71,7 @@ def test_fused_scan_falls_back_to_the_sequential_scan_where_triton_cannot_run():
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("shape", SHAPES + [(256, 32, 128, 16)])
+@pytest.mark.parametrize("shape", SHAPES + [(256, 32, 128, 16), (1024, 32, 128, 16)])
 def test_fused_scan_on_cuda_matches_sequential_reference(shape):
     torch.backends.cuda.matmul.allow_tf32 = False
     assert_matches_reference(scan_inputs(*shape, device="cuda"))

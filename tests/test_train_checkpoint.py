@@ -562,15 +562,17 @@ def test_fold_with_result_json_exits_0_at_once_and_touches_nothing(workdir, fxca
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("encoder", ["mamba", "gru"])
-def test_cuda_deterministic_run_killed_twice_and_resumed_matches_uninterrupted_run(encoder, workdir, fxcache):
+@pytest.mark.parametrize("encoder, compile", [("mamba", "none"), ("gru", "none"), ("mamba", "all")])
+def test_cuda_deterministic_run_killed_twice_and_resumed_matches_uninterrupted_run(encoder, compile, workdir,
+                                                                                   fxcache):
     """The resume contract on the GPU: --deterministic on CUDA (eager step, deterministic kernels, the fused
-    Triton scan for mamba), SIGKILL after a mid-run step and again at an arbitrary moment, then a clean finish."""
-    extra = ("--device", "cuda", "--encoder", encoder)
-    baseline_dir = workdir / f"cuda-{encoder}-baseline"
+    Triton scan for mamba, and torch.compile'd code as the h100 preset runs it), SIGKILL after a mid-run step and
+    again at an arbitrary moment, then a clean finish."""
+    extra = ("--device", "cuda", "--encoder", encoder, "--compile", compile)
+    baseline_dir = workdir / f"cuda-{encoder}-{compile}-baseline"
     done = run_trainer(train_cmd(baseline_dir, fxcache, *extra))
     assert done.rc == 0, done.stderr
-    run_dir = workdir / f"cuda-{encoder}-killed"
+    run_dir = workdir / f"cuda-{encoder}-{compile}-killed"
     first = run_trainer(train_cmd(run_dir, fxcache, *extra), stop_when=_stop_rule("step", N_STEPS // 2 + LOG_EVERY))
     assert first.rc == -signal.SIGKILL, first.stderr
     after_first = newest_checkpoint(run_dir)

@@ -2,7 +2,7 @@
 
     python -m trainer.bench --sim-only --n-envs N --steps S --device cpu|cuda [--json]
     python -m trainer.bench --n-envs N --steps S --mode eager|graph|both --device D [--preset h100] [--json]
-    python -m trainer.bench --profile --n-envs N --device D [--compile sim|all]      (kernels per step region)
+    python -m trainer.bench --profile --n-envs N --device D [--compile sim|all]      [--mode graph]   (kernels per step)
     python -m trainer.bench --sweep [--n-envs-list 256,1024,4096,16384] --device cuda     (the issue-8 table)
 
 --sim-only times `Simulator.step` alone (random actions on a random, well-formed DecisionTape) and reports
@@ -132,14 +132,21 @@ def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, ta
     return FoldTrainer(cfg, features, tape, Window(0, tape_rows), fold=0)
 
 
-def step_flops(trainer) -> int:
+def count_step_flops(preset_name: str, n_envs: int, device: str, seed: int = 0,
+                     window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None) -> int:
     """Matmul/conv FLOPs of one full step (act forward + target forwards + online forward/backward), counted by
-    torch.utils.flop_counter from the ops' shapes (analytic, not measured)."""
+    torch.utils.flop_counter from the ops' shapes (analytic, not measured), on an uncompiled twin of the timed
+    trainer: compiled code hides its ops from the counter, and a step run under the counter's dispatch mode
+    leaves torch.compile'd functions running eagerly afterwards (measured: a captured graph then ran 4.1 ms per
+    step instead of 1.85)."""
     from torch.utils.flop_counter import FlopCounterMode
 
+    twin = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, "none")
+    for _ in range(twin.cfg.loop.learning_starts):
+        twin.step_fn.act_and_store()
     counter = FlopCounterMode(display=False)
     with counter:
-        trainer.step_fn()
+        twin.step_fn()
     return int(counter.get_total_flops())
 
 
@@ -161,7 +168,7 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
         step.act_and_store()
     for _ in range(3):  # eager warm-up updates: lazy optimizer state, cuBLAS handles, allocator
         step()
-    flops = step_flops(trainer)  # one more real step, counted
+    flops = count_step_flops(preset_name, n_envs, device, seed, window_rows, agent)
     run = GraphedStep(step) if mode == "graph" else step
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)
@@ -189,16 +196,22 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
 
 
 def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int = 5,
-                 window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None, compile: str = "none") -> dict:
-    """Where one eager full step spends device time: kernels launched and their summed duration per labelled
-    region of `TrainStep` (trainer.loop.step.REGIONS), averaged over `steps` profiled steps, plus the top
-    kernels. In a CUDA graph the same kernels run back to back, so their summed time is roughly the graph's
-    step time; the kernel count says how much launch overhead eager mode pays."""
+                 window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None, compile: str = "none",
+                 graph: bool = False) -> dict:
+    """Where a full step spends device time, from torch.profiler over `steps` steps: kernels per step, their
+    summed duration, the span from the first kernel's start to the last one's end (summed / span = how busy
+    the device is), and the top kernels. Eager steps also split kernels by labelled region of `TrainStep`
+    (trainer.loop.step.REGIONS); `graph=True` profiles replays of the captured step instead (no regions).
+    On CPU, leaf aten ops and their own CPU time stand in for kernels."""
+    from torch.autograd import DeviceType
     from torch.profiler import ProfilerActivity, profile
 
-    from trainer.loop.step import REGIONS
+    from trainer.loop.step import REGIONS, GraphedStep
 
     dev = torch.device(device)
+    on_cuda = dev.type == "cuda"
+    if graph and not on_cuda:
+        raise ValueError("profiling the graph needs --device cuda")
     torch.manual_seed(0)
     trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile)
     step = trainer.step_fn
@@ -206,62 +219,81 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
         step.act_and_store()
     for _ in range(3):
         step()
-    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if dev.type == "cuda" else [])
+    run = GraphedStep(step) if graph else step
+    run()
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])
     with profile(activities=activities) as prof:
         for _ in range(steps):
-            step()
-        if dev.type == "cuda":
+            run()
+        if on_cuda:
             torch.cuda.synchronize(dev)  # host sync: end of the profiled region only
-    on_cuda = dev.type == "cuda"
-    regions = {name: {"kernels": 0, "device_us": 0.0} for name in REGIONS}
+    events = prof.events()
+    if on_cuda:
+        # Device-side events are kernels, plus mirrors of user ranges (step.*, Optimizer.step#...) that share a
+        # CPU event's name: those are ranges, not work.
+        ranges = {e.name for e in events if e.device_type == DeviceType.CPU}
+        launched = [e for e in events if e.device_type == DeviceType.CUDA and e.name not in ranges
+                    and not e.name.startswith(("Memcpy", "Memset"))]
+    else:
+        launched = [e for e in events if not e.cpu_children and e.name.startswith("aten::")]
     kernels: dict[str, list[float]] = {}
+    for e in launched:
+        kernels.setdefault(e.name, []).append(e.time_range.elapsed_us() if on_cuda else e.self_cpu_time_total)
+    total_kernels = sum(len(v) for v in kernels.values())
+    total_us = sum(sum(v) for v in kernels.values())
+    span_us = (max(e.time_range.end for e in launched) - min(e.time_range.start for e in launched)
+               if on_cuda and launched else None)
+
+    regions = {name: {"kernels": 0, "device_us": 0.0} for name in REGIONS}
 
     def walk(event, region: str | None) -> None:
         name = event.name
         if name.startswith("step.") and name[5:] in regions:
             region = name[5:]
-        # On CUDA the device kernels the op launched; on CPU the leaf aten ops stand in for kernels.
-        if on_cuda:
-            launched = [(k.name, k.duration) for k in event.kernels]
-        elif not event.cpu_children and name.startswith("aten::"):
-            launched = [(name, event.self_cpu_time_total)]
-        else:
-            launched = []
-        for kname, us in launched:
-            kernels.setdefault(kname, []).append(us)
-            if region is not None:
-                regions[region]["kernels"] += 1
-                regions[region]["device_us"] += us
+        if region is not None:
+            if on_cuda:
+                mine = [k.duration for k in event.kernels]
+            elif not event.cpu_children and name.startswith("aten::"):
+                mine = [event.self_cpu_time_total]
+            else:
+                mine = []
+            regions[region]["kernels"] += len(mine)
+            regions[region]["device_us"] += sum(mine)
         for child in event.cpu_children:
             walk(child, region)
 
-    for event in prof.events():
-        if event.cpu_parent is None:
-            walk(event, None)
-    total_kernels = sum(len(v) for v in kernels.values())
-    # Kernels outside every labelled range: on CUDA, the backward pass (autograd runs it on its own thread).
-    regions["unlabelled"] = {"kernels": total_kernels - sum(v["kernels"] for v in regions.values()),
-                             "device_us": sum(sum(v) for v in kernels.values())
-                             - sum(v["device_us"] for v in regions.values())}
+    if not graph:
+        for event in events:
+            if event.cpu_parent is None and event.device_type == DeviceType.CPU:
+                walk(event, None)
+        # Kernels outside every labelled range: on CUDA, the backward pass (autograd runs it on its own thread).
+        regions["unlabelled"] = {"kernels": total_kernels - sum(v["kernels"] for v in regions.values()),
+                                 "device_us": total_us - sum(v["device_us"] for v in regions.values())}
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
     return {
         "bench": "profile", "preset": preset_name, "n_envs": n_envs, "compile": compile, "steps": steps,
+        "mode": "graph" if graph else "eager",
         "kernels_per_step": total_kernels / steps,
-        "device_us_per_step": sum(sum(v) for v in kernels.values()) / steps,
-        "regions": {k: {"kernels": v["kernels"] / steps, "device_us": v["device_us"] / steps}
-                    for k, v in regions.items()},
+        "device_us_per_step": total_us / steps,
+        "span_us_per_step": span_us / steps if span_us is not None else None,
+        "regions": {} if graph else {k: {"kernels": v["kernels"] / steps, "device_us": v["device_us"] / steps}
+                                     for k, v in regions.items()},
         "top_kernels": [{"name": name[:90], "calls_per_step": len(d) / steps, "us_per_step": sum(d) / steps}
                         for name, d in top],
     }
 
 
 def print_profile(r: dict) -> None:
-    print(f"profile: preset {r['preset']}, n_envs {r['n_envs']:,}, compile {r['compile']}, {r['steps']} eager steps")
-    print(f"kernels per step {r['kernels_per_step']:.0f}, summed kernel time per step {r['device_us_per_step']:.0f} us")
-    print("| region | kernels/step | kernel us/step |")
-    print("|---|---:|---:|")
-    for name, v in r["regions"].items():
-        print(f"| {name} | {v['kernels']:.0f} | {v['device_us']:.0f} |")
+    print(f"profile: preset {r['preset']}, n_envs {r['n_envs']:,}, compile {r['compile']}, "
+          f"{r['steps']} {r['mode']} steps")
+    span = f", first-to-last kernel span {r['span_us_per_step']:.0f} us" if r["span_us_per_step"] else ""
+    print(f"kernels per step {r['kernels_per_step']:.0f}, summed kernel time per step {r['device_us_per_step']:.0f} us"
+          + span)
+    if r["regions"]:
+        print("| region | kernels/step | kernel us/step |")
+        print("|---|---:|---:|")
+        for name, v in r["regions"].items():
+            print(f"| {name} | {v['kernels']:.0f} | {v['device_us']:.0f} |")
     print("| kernel | calls/step | us/step |")
     print("|---|---:|---:|")
     for k in r["top_kernels"]:
@@ -311,7 +343,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="full step: eager, CUDA graph, or both side by side (graph needs CUDA)")
     parser.add_argument("--preset", default="h100", help="model/replay size of the full step (h100 or smoke)")
     parser.add_argument("--profile", action="store_true",
-                        help="full step: kernels and device time per region of one eager step (torch.profiler)")
+                        help="full step: kernels and device time per step region (torch.profiler); with --mode graph, "
+                             "of graph replays")
     parser.add_argument("--sweep", action="store_true", help="full step over --n-envs-list, eager and graph")
     parser.add_argument("--n-envs-list", default="256,1024,4096,16384", help="n_envs values for --sweep")
     parser.add_argument("--window-rows", type=int, default=DEFAULT_WINDOW_ROWS,
@@ -325,7 +358,7 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
         if args.profile:
             r = profile_step(args.n_envs, args.device, args.preset, window_rows=args.window_rows, agent=agent,
-                             compile=args.compile)
+                             compile=args.compile, graph=args.mode == "graph")
             print(json.dumps(r)) if args.json else print_profile(r)
             return 0
         if args.sweep:

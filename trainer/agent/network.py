@@ -95,6 +95,19 @@ def selective_scan_fused(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tens
     return scan_fused.fused_scan(u, delta, A, B, C) + u * D
 
 
+def causal_depthwise_conv(u: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """Causal depthwise 1-d convolution along time: y_t = bias + Σ_k weight_k ⊙ u_{t-K+1+k} (u_s = 0 for s < 0).
+
+    u (Bt, L, D); weight (D, 1, K) and bias (D,) as nn.Conv1d(D, D, K, groups=D) holds them. The same values as
+    that Conv1d with padding K-1, first L outputs kept, but as a left pad, a strided window view and one
+    multiply-sum in the (Bt, L, D) layout: no transposes, and elementwise work that torch.compile fuses with
+    its neighbours (cuDNN/ATen's generic depthwise kernel was ~30 µs per call at 1,024 x 32 x 128 on an H200).
+    """
+    k = weight.shape[-1]
+    windows = F.pad(u, (0, 0, k - 1, 0)).unfold(1, k, 1)  # (Bt, L, D, K) view: windows[:, t, :, j] = u_{t-K+1+j}
+    return (windows * weight.squeeze(1)).sum(-1) + bias
+
+
 class MambaBlock(nn.Module):
     """Mamba (Gu & Dao 2023) mixer in pure PyTorch: in-projection to (x, z); causal depthwise conv +
     SiLU on x; input-dependent Δ, B, C from x; diagonal A < 0; selective scan; gate by SiLU(z)."""
@@ -120,11 +133,9 @@ class MambaBlock(nn.Module):
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
     def forward(self, x: Tensor) -> Tensor:
-        length = x.shape[1]
         xz = self.in_proj(x)  # (Bt, L, 2 d_inner)
         u, z = xz.chunk(2, dim=-1)
-        # Conv1d pads both sides by d_conv-1; keeping the first L outputs makes it causal.
-        u = F.silu(self.conv(u.transpose(1, 2))[..., :length].transpose(1, 2))  # (Bt, L, d_inner)
+        u = F.silu(causal_depthwise_conv(u, self.conv.weight, self.conv.bias))  # (Bt, L, d_inner)
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = F.softplus(self.dt_proj(dt))  # (Bt, L, d_inner), > 0
         A = -torch.exp(self.A_log)  # (d_inner, N), < 0

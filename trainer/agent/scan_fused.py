@@ -106,11 +106,17 @@ if triton is not None:
         tl.store(da_part_ptr + (seq * D + offs_d[:, None]) * N + offs_n[None, :], da_acc, mask=mask_dn)
 
 
-def _blocks(d: int, n: int) -> tuple[int, int, int]:
-    """(BLOCK_D, BLOCK_N, warps): a (BLOCK_D, BLOCK_N) fp32 state of at most 2,048 values stays in registers."""
+def _blocks(n_seq: int, d: int, n: int) -> tuple[int, int, int]:
+    """(BLOCK_D, BLOCK_N, warps), a fixed function of the shapes (no autotuning: the backward's partial sums, and
+    so its rounding, depend on BLOCK_D, and a resumed run must replay bit for bit).
+
+    One warp per program and enough programs to fill the GPU: measured on an H200 at L=32, D=128, N=16
+    (docs/BENCHMARKS.md, "scan launch shape"), BLOCK_D=32 is fastest at 256 sequences and 64 at 1,024, where the
+    earlier (128, 4 warps) took 60/123/183 µs (forward / forward saving states / backward) against 42/101/147."""
     block_n = triton.next_power_of_2(n)
-    block_d = max(1, min(triton.next_power_of_2(d), 2048 // block_n))
-    return block_d, block_n, 4
+    block_d = 32 if n_seq < 512 else 64
+    block_d = max(1, min(block_d, triton.next_power_of_2(d), 2048 // block_n))
+    return block_d, block_n, 1
 
 
 class _FusedScan(torch.autograd.Function):
@@ -122,7 +128,7 @@ class _FusedScan(torch.autograd.Function):
         save = any(ctx.needs_input_grad)
         y = torch.empty_like(u)  # (Bt, L, D)
         hs = u.new_empty((n_seq, length, d, n) if save else (1,))  # every h_t, for the backward
-        block_d, block_n, warps = _blocks(d, n)
+        block_d, block_n, warps = _blocks(n_seq, d, n)
         grid = (n_seq, triton.cdiv(d, block_d))
         _scan_fwd[grid](u, delta, A, B, C, y, hs, length, d, n,
                         BLOCK_D=block_d, BLOCK_N=block_n, SAVE=save, num_warps=warps)
@@ -135,7 +141,7 @@ class _FusedScan(torch.autograd.Function):
         u, delta, A, B, C, hs = ctx.saved_tensors
         n_seq, length, d = u.shape
         n = A.shape[1]
-        block_d, block_n, warps = _blocks(d, n)
+        block_d, block_n, warps = _blocks(n_seq, d, n)
         n_blk = triton.cdiv(d, block_d)
         du, ddelta = torch.empty_like(u), torch.empty_like(u)
         da_part = u.new_empty((n_seq, d, n))

@@ -37,9 +37,10 @@ class LoopConfig:
     """'auto' (cuda if available), 'cpu' or 'cuda[:i]'."""
     compile: str = "none"
     """torch.compile inside the step: 'none', 'sim' (the simulator step: its ~500 small elementwise kernels fuse
-    into a few) or 'all' (also the Q-network forward, around the fused scan). Paid once per process (tens of
-    seconds on a GPU); the values match eager to float rounding, not bit for bit, so it is part of the checkpoint
-    fingerprint."""
+    into a few) or 'all' (every tensor-only part of the step: acting, simulator, n-step store, replay sampling and
+    priorities, the learner's target, loss with its backward, and statistics; backward bookkeeping, clip, AdamW
+    and Polyak stay eager). Paid once per process (about a minute on a GPU); the values match eager to float
+    rounding, not bit for bit, so it is part of the checkpoint fingerprint."""
     seed: int = 0
     """Seed for torch, numpy, python and the simulator's reset hash."""
     deterministic: bool = False
@@ -105,7 +106,9 @@ def preset(name: str) -> TrainConfig:
         return base.replace(
             sim={"n_envs": 1024},
             replay={"capacity": 65_536},
-            loop={"n_steps": 25_000, "log_every": 500, "checkpoint_every": 5_000},
+            # compile='all': 2x the graph-captured step rate on an H200 for ~1 min of compiling per process
+            # (docs/BENCHMARKS.md, v4).
+            loop={"n_steps": 25_000, "log_every": 500, "checkpoint_every": 5_000, "compile": "all"},
         )
     raise ValueError(f"unknown preset {name!r}: choose smoke or h100")
 

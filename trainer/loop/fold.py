@@ -57,6 +57,9 @@ def configure_torch(cfg: TrainConfig) -> None:
         torch.backends.cudnn.benchmark = False
         torch.backends.cudnn.deterministic = True
         torch.use_deterministic_algorithms(True)
+        # torch.compile'd code: inductor then emits no atomics (scatter/index_put fall back to deterministic ATen)
+        # and picks kernels without timing them on the device, so a restarted process compiles the same code.
+        torch._inductor.config.deterministic = True
 
 
 def agent_config_for(cfg: TrainConfig, n_features: int) -> AgentConfig:

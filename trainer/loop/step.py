@@ -60,15 +60,20 @@ class TrainStep:
                  row_range: tuple[int, int] | None = None, compile: str = "none"):
         self.features, self.sim, self.state = features, sim, state
         # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all', the
-        # network's norms/activations/projections around the fused scan. Compiled on the first eager step, so a
-        # graph capture afterwards records the compiled kernels.
+        # acting path, storing, sampling and the learner's tensor-only pieces. Compiled on the first eager step,
+        # so a graph capture afterwards records the compiled kernels.
         self.sim_step = torch.compile(sim.step, dynamic=False) if compile in ("sim", "all") else sim.step
+        if compile != "none":
+            # Random draws (Thompson sampling) through ATen's generator, as eager makes them: the same seed gives
+            # the same actions compiled or not (inductor's own RNG would draw other numbers).
+            torch._inductor.config.fallback_random = True
         if compile == "all":
-            # encoder and head rather than forward: acting by row table calls them directly. Instance attributes,
-            # so state_dict and the checkpoint layout are unchanged.
-            for net in (learner.online, learner.target):
-                net.encoder.forward = torch.compile(net.encoder.forward, dynamic=False)
-                net.head = torch.compile(net.head, dynamic=False)
+            # Instance attributes wrapping bound methods: state_dict and the checkpoint layout are unchanged.
+            self._act = torch.compile(self._act, dynamic=False)
+            self._store = torch.compile(self._store, dynamic=False)
+            self._sample = torch.compile(self._sample, dynamic=False)
+            self._priorities = torch.compile(self._priorities, dynamic=False)
+            learner.compile()
         # Acting by row table: the encoder reads only the feature window, a function of the decision row, so when
         # the window has fewer usable rows than there are envs, encoding each row once and gathering by cursor
         # does less work than encoding every env's window (same values; a shape-static choice made here).
@@ -89,12 +94,18 @@ class TrainStep:
         with _region("sim"):
             out = self.sim_step(state, actions)
         with _region("store"):
-            next_env_state = self.sim.env_features(state)
-            transitions, valid = self.nstep.push(row, env_state, actions, out.reward, out.done, state.cursor,
-                                                 next_env_state, reset=out.truncated)
-            self.replay.add(transitions, valid)
-            self.dir_counts += torch.nn.functional.one_hot(actions[:, 0], 4).sum(0)
-            self.metrics.sums[6] += out.reward.mean()
+            self._store(row, env_state, actions, out.reward, out.done, out.truncated)
+
+    def _store(self, row: torch.Tensor, env_state: torch.Tensor, actions: torch.Tensor, reward: torch.Tensor,
+               done: torch.Tensor, truncated: torch.Tensor) -> None:
+        """n-step accumulate the step just taken and add the matured transitions to the replay."""
+        state = self.state
+        next_env_state = self.sim.env_features(state)
+        transitions, valid = self.nstep.push(row, env_state, actions, reward, done, state.cursor, next_env_state,
+                                             reset=truncated)
+        self.replay.add(transitions, valid)
+        self.dir_counts += torch.nn.functional.one_hot(actions[:, 0], 4).sum(0)
+        self.metrics.sums[6] += reward.mean()
 
     def _act(self, row: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
         """Actions (n_envs, n_branches) int64 from the online net, Thompson-sampled on every branch."""
@@ -110,16 +121,25 @@ class TrainStep:
 
     def learn(self) -> None:
         with _region("sample"):
-            idx, batch, weights = self.replay.sample(self.batch_size)
-            obs = gather_windows(self.features, batch.row, self.window)
-            next_obs = gather_windows(self.features, batch.next_row, self.window)
+            idx, batch = self._sample()
         with _region("update"):
-            out = self.learner.update(Batch(obs, batch.env_state, batch.action.long(), batch.return_n,
-                                            batch.discount_n, next_obs, batch.next_env_state, weights))
+            out = self.learner.update(batch)
         with _region("priorities"):
-            self.replay.update_priorities(idx, out["priorities"])
-            self.metrics.sums[:6] += torch.stack([out[k] for k in StepMetrics.NAMES[:6]]).float()
-            self.metrics.count += 1
+            self._priorities(idx, out)
+
+    def _sample(self) -> tuple[torch.Tensor, Batch]:
+        """A prioritised batch with its observation windows gathered: replay indices (B,) and the learner's Batch."""
+        idx, batch, weights = self.replay.sample(self.batch_size)
+        obs = gather_windows(self.features, batch.row, self.window)  # (B, W, F)
+        next_obs = gather_windows(self.features, batch.next_row, self.window)
+        return idx, Batch(obs, batch.env_state, batch.action.long(), batch.return_n, batch.discount_n, next_obs,
+                          batch.next_env_state, weights)
+
+    def _priorities(self, idx: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
+        """New priorities for the sampled items; the update's statistics into the interval sums."""
+        self.replay.update_priorities(idx, out["priorities"])
+        self.metrics.sums[:6] += torch.stack([out[k] for k in StepMetrics.NAMES[:6]]).float()
+        self.metrics.count += 1
 
     def __call__(self) -> None:
         self.act_and_store()
