@@ -20,10 +20,11 @@ BASE = {"ofi_rule": {"net_pnl": 50.0, "win_rate": 0.6}, "flat": {"net_pnl": 0.0,
         "random": {"net_pnl": -80.0, "win_rate": 0.3}}
 
 
-def _fold(run, i, folds=3, win=0.6, net=100.0, hold=0.5, ent=1.2, curves=True, edge=None):
+def _fold(run, i, folds=3, win=0.6, net=100.0, hold=0.5, ent=1.2, curves=True, edge=None, hold_action=0.2):
     d = run / f"fold{i}"
     d.mkdir(parents=True)
-    r = {"fold": i, "folds": folds, "win_rate": win, "net_pnl": net, "hold_frac": hold, "dir_entropy": ent,
+    r = {"fold": i, "folds": folds, "win_rate": win, "net_pnl": net, "time_in_market": hold, "hold_frac": hold_action,
+         "dir_entropy": ent,
          "trades": 40, "sharpe": 1.5, "max_drawdown": 20.0, "eval_window": [10 * (i + 1), 10 * (i + 2)],
          "baselines": BASE}
     if edge is not None:  # what evaluate() writes: the sums and this fold's own statistics
@@ -80,6 +81,26 @@ def test_hold_fraction_bounds_are_inclusive_and_config_is_validated(tmp_path):
     assert summarise(tmp_path)["gates"]["hold_frac"]["passed"] is True
     with pytest.raises(ValueError, match="hold_frac_max"):
         GateConfig(hold_frac_min=0.8, hold_frac_max=0.7)
+
+
+def test_hold_gate_reads_time_in_market_by_default_and_the_hold_action_share_when_asked(tmp_path):
+    _fold(tmp_path, 0, folds=2, hold=0.5, hold_action=0.1)  # in a position half the time, rarely the HOLD action
+    _fold(tmp_path, 1, folds=2, hold=0.6, hold_action=0.5)
+    g = summarise(tmp_path)["gates"]["hold_frac"]
+    assert g["passed"] is True and g["values"] == {"0": 0.5, "1": 0.6} and "time_in_market" in g["rule"]
+    g = summarise(tmp_path, GateConfig(hold_metric="hold_frac"))["gates"]["hold_frac"]
+    assert g["passed"] is False and g["failing_folds"] == [0] and "hold_frac" in g["rule"]
+    with pytest.raises(ValueError, match="hold_metric"):
+        GateConfig(hold_metric="exposure")
+
+
+def test_a_fold_without_the_hold_metric_fails_the_hold_gate(tmp_path):
+    _fold(tmp_path, 0, folds=2)
+    r = _fold(tmp_path, 1, folds=2)
+    del r["time_in_market"]
+    (tmp_path / "fold1" / "result.json").write_text(json.dumps(r))
+    g = summarise(tmp_path)["gates"]["hold_frac"]
+    assert g["passed"] is False and g["failing_folds"] == [1] and g["values"]["1"] is None
 
 
 def test_missing_fold_makes_the_run_incomplete(tmp_path):

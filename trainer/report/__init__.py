@@ -8,7 +8,9 @@ Gates (the seed plan's; thresholds in `GateConfig`), each evaluated over every f
   win_rate_floor           no fold below 0.50 (implied by the first; reported separately so a run that misses the
                            target but never loses more often than it wins is told apart from one that does)
   dir_entropy              the training direction-choice entropy is not collapsed: >= 0.25 · ln 4 nats on every fold
-  hold_frac                the evaluation hold fraction lies within [0.30, 0.70] on every fold
+  hold_frac                the evaluation hold fraction lies within [0.30, 0.70] on every fold; "hold fraction"
+                           is read as the share of time holding a position (`time_in_market`, beside the mean
+                           holding time), not the share of HOLD actions (`GateConfig.hold_metric`)
   complete                 every fold 0..K-1 has a result (K from the results' `folds`)
 verdict: "pass" when every gate passes, "incomplete" when folds are missing, else "fail".
 
@@ -32,7 +34,8 @@ from trainer.errors import InputError
 from trainer.folds.metrics import edge_stats, t_statistic
 
 FOLD_DIR = re.compile(r"^fold(\d+)$")
-REQUIRED = ("fold", "folds", "win_rate", "net_pnl", "hold_frac", "dir_entropy")
+REQUIRED = ("fold", "folds", "win_rate", "net_pnl", "dir_entropy")
+HOLD_METRICS = ("time_in_market", "hold_frac")
 TABLE_METRICS = ("win_rate", "trades", "net_pnl", "gross_pnl", "fees", "sharpe", "sortino", "max_drawdown", "calmar",
                  "turnover_contracts", "hold_frac", "time_in_market", "mean_holding_seconds", "limit_fill_rate",
                  "dir_entropy", "eval_dir_entropy", "mid_edge", "mid_edge_tstat", "mid_hit_rate", "mid_edge_n")
@@ -52,6 +55,11 @@ class GateConfig:
     """Lowest acceptable evaluation hold fraction."""
     hold_frac_max: float = 0.70
     """Highest acceptable evaluation hold fraction."""
+    hold_metric: str = "time_in_market"
+    """The per-fold number the hold gate reads. 'time_in_market': the share of the continuous pass's decision
+    intervals spent holding a position — the issue lists "hold fraction" beside "mean holding time", i.e. holding a
+    position. 'hold_frac': the share of the policy's direction choices that are the HOLD action — not a behaviour
+    on its own, because repeating the held direction keeps a position exactly as HOLD does (simulator rule 2)."""
 
     def __post_init__(self) -> None:
         for name in ("min_win_rate", "floor_win_rate", "hold_frac_min", "hold_frac_max"):
@@ -60,6 +68,8 @@ class GateConfig:
                 raise ValueError(f"GateConfig.{name} must be in [0, 1], got {v!r}")
         if not (math.isfinite(self.min_dir_entropy_nats) and self.min_dir_entropy_nats >= 0):
             raise ValueError(f"GateConfig.min_dir_entropy_nats must be finite and >= 0, got {self.min_dir_entropy_nats!r}")
+        if self.hold_metric not in HOLD_METRICS:
+            raise ValueError(f"GateConfig.hold_metric must be one of {HOLD_METRICS}, got {self.hold_metric!r}")
         if self.hold_frac_min > self.hold_frac_max:
             raise ValueError(f"GateConfig.hold_frac_max must be >= hold_frac_min, got {self.hold_frac_max!r}")
 
@@ -146,8 +156,9 @@ def read_results(run_dir: Path) -> list[dict[str, Any]]:
     return results
 
 
-def _gate(rule: str, values: dict[int, float], ok) -> dict[str, Any]:
-    failing = sorted(f for f, v in values.items() if not ok(v))
+def _gate(rule: str, values: dict[int, float | None], ok) -> dict[str, Any]:
+    """A fold fails when its value breaks the rule or is missing (None: a result.json without that metric)."""
+    failing = sorted(f for f, v in values.items() if v is None or not ok(v))
     return {"rule": rule, "passed": bool(values) and not failing, "failing_folds": failing,
             "values": {str(f): v for f, v in sorted(values.items())}}
 
@@ -155,7 +166,7 @@ def _gate(rule: str, values: dict[int, float], ok) -> dict[str, Any]:
 def gates(folds: list[dict[str, Any]], expected: int, cfg: GateConfig = GateConfig()) -> dict[str, dict[str, Any]]:
     win = {f["fold"]: float(f["win_rate"]) for f in folds}
     ent = {f["fold"]: float(f["dir_entropy"]) for f in folds}
-    hold = {f["fold"]: float(f["hold_frac"]) for f in folds}
+    hold = {f["fold"]: None if f.get(cfg.hold_metric) is None else float(f[cfg.hold_metric]) for f in folds}
     present = {f["fold"] for f in folds}
     missing = [i for i in range(expected) if i not in present]
     return {
@@ -165,8 +176,8 @@ def gates(folds: list[dict[str, Any]], expected: int, cfg: GateConfig = GateConf
                                 lambda v: v >= cfg.floor_win_rate),
         "dir_entropy": _gate(f"training direction entropy >= {cfg.min_dir_entropy_nats:.3f} nats on every fold", ent,
                              lambda v: v >= cfg.min_dir_entropy_nats),
-        "hold_frac": _gate(f"hold fraction in [{cfg.hold_frac_min:g}, {cfg.hold_frac_max:g}] on every fold", hold,
-                           lambda v: cfg.hold_frac_min <= v <= cfg.hold_frac_max),
+        "hold_frac": _gate(f"hold fraction ({cfg.hold_metric}) in [{cfg.hold_frac_min:g}, {cfg.hold_frac_max:g}] "
+                           "on every fold", hold, lambda v: cfg.hold_frac_min <= v <= cfg.hold_frac_max),
         "complete": {"rule": f"all {expected} folds have a result", "passed": not missing, "failing_folds": missing,
                      "values": {}},
     }
