@@ -38,3 +38,31 @@ def test_malformed_flags_exit_2(bad):
 def test_negative_inventory_penalty_is_refused_naming_the_field():
     with pytest.raises(ValueError, match="inventory_penalty"):
         _cfg("--inventory-penalty", "-1")
+
+
+@pytest.mark.slow
+def test_compiled_runs_share_the_inductor_cache_beside_the_runs(tmp_path):
+    """--compile puts torch.compile's cache at RUN/../inductor-cache (the PVC in the cluster): the second run of the
+    same graphs adds no compiled graph to it, it loads the first run's (a retried pod skips most of the compile)."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    env = {**os.environ, "ALPHA_RL_DATA_DIR": str(tmp_path / "data"), "OMP_NUM_THREADS": "1"}
+    env.pop("TORCHINDUCTOR_CACHE_DIR", None)
+    cache = tmp_path / "runs" / "inductor-cache"
+
+    def run(name: str) -> set[str]:
+        cmd = [sys.executable, "-m", "trainer.train", "--run-dir", str(tmp_path / "runs" / name), "--fold", "0",
+               "--folds", "3", "--data", "synthetic:seed=3,days=2,signal=2", "--preset", "smoke", "--n-steps", "40",
+               "--log-every", "20", "--checkpoint-every", "40", "--compile", "sim"]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+        events = [json.loads(line) for line in proc.stdout.splitlines() if line.startswith("{")]
+        assert [e["path"] for e in events if e["event"] == "compile_cache"] == [str(cache)]
+        return {str(p.relative_to(cache)) for p in (cache / "fxgraph").rglob("*") if p.is_file()}
+
+    first = run("a")
+    assert first  # the compiled simulator step was written to the cache
+    assert run("b") == first  # and found there by the next run: nothing new compiled
