@@ -116,8 +116,10 @@ DEFAULT_WINDOW_ROWS = 2_600
 
 
 def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, tape_rows: int = DEFAULT_WINDOW_ROWS,
-                   agent: dict | None = None, compile: str = "none"):
-    """A FoldTrainer at the preset's model size on a random tape with random features (no data pipeline)."""
+                   agent: dict | None = None, compile: str = "none", warm_updates: int = 3):
+    """A FoldTrainer at the preset's model size on a random tape with random features (no data pipeline), its
+    replay filled past a batch (the n-step rings mature) and `warm_updates` eager steps run (lazy optimizer state,
+    cuBLAS handles, the allocator, and torch.compile's compilation when `compile` asks for it)."""
     import numpy as np
 
     from trainer.loop.config import preset
@@ -129,7 +131,12 @@ def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, ta
                       replay={"capacity": max(cfg.replay.capacity, 4 * n_envs)}, agent=agent or {})
     tape = random_decision_tape(tape_rows, levels=10, radius=16, seed=seed)
     features = np.random.default_rng(seed).standard_normal((tape_rows, 23)).astype(np.float32)
-    return FoldTrainer(cfg, features, tape, Window(0, tape_rows), fold=0)
+    trainer = FoldTrainer(cfg, features, tape, Window(0, tape_rows), fold=0)
+    for _ in range(cfg.loop.learning_starts):
+        trainer.step_fn.act_and_store()
+    for _ in range(warm_updates):
+        trainer.step_fn()
+    return trainer
 
 
 def count_step_flops(preset_name: str, n_envs: int, device: str, seed: int = 0,
@@ -141,9 +148,7 @@ def count_step_flops(preset_name: str, n_envs: int, device: str, seed: int = 0,
     step instead of 1.85)."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    twin = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, "none")
-    for _ in range(twin.cfg.loop.learning_starts):
-        twin.step_fn.act_and_store()
+    twin = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, "none", warm_updates=0)
     counter = FlopCounterMode(display=False)
     with counter:
         twin.step_fn()
@@ -164,10 +169,6 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
     torch.manual_seed(seed)
     trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, compile)
     step = trainer.step_fn
-    for _ in range(trainer.cfg.loop.learning_starts):  # fill the replay past a batch (n-step rings mature)
-        step.act_and_store()
-    for _ in range(3):  # eager warm-up updates: lazy optimizer state, cuBLAS handles, allocator
-        step()
     flops = count_step_flops(preset_name, n_envs, device, seed, window_rows, agent)
     run = GraphedStep(step) if mode == "graph" else step
     if dev.type == "cuda":
@@ -215,10 +216,6 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
     torch.manual_seed(0)
     trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile)
     step = trainer.step_fn
-    for _ in range(trainer.cfg.loop.learning_starts):
-        step.act_and_store()
-    for _ in range(3):
-        step()
     run = GraphedStep(step) if graph else step
     run()
     activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if on_cuda else [])

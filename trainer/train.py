@@ -43,8 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--trades-data-dir", type=Path, help="DBN trades directory (with --mbp10-data-dir)")
     p.add_argument("--fxcache", type=Path, default=None, help="feature cache directory (default: RUN/../fxcache)")
     p.add_argument("--compile-cache", type=Path, default=None,
-                   help="torch.compile's on-disk cache when --compile is not none (default: RUN/../inductor-cache; "
-                        "TORCHINDUCTOR_CACHE_DIR, when set, wins)")
+                   help="torch.compile's on-disk cache when --compile is not none (default: TORCHINDUCTOR_CACHE_DIR "
+                        "when set, else RUN/../inductor-cache)")
     p.add_argument("--preset", default="smoke", help="config preset: smoke (CPU) or h100 (GPU)")
     p.add_argument("--n-steps", type=int, help="training steps (each: n_envs env steps + 1 gradient step)")
     p.add_argument("--n-envs", "--n-backtests", dest="n_envs", type=int, help="parallel backtests (envs)")
@@ -269,8 +269,9 @@ def run(args: argparse.Namespace) -> int:
     if cfg.loop.compile != "none":
         # Compiled kernels cached beside the runs (on the PVC in the cluster): a retried or resumed attempt, and the
         # other folds, load them instead of compiling again. Inductor reads the variable at its first compile.
-        cache = os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR",
-                                      str(args.compile_cache or args.run_dir.parent / "inductor-cache"))
+        cache = str(args.compile_cache or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+                    or args.run_dir.parent / "inductor-cache")
+        os.environ["TORCHINDUCTOR_CACHE_DIR"] = cache
         log.event("compile_cache", path=cache, mode=cfg.loop.compile)
     windows = walk_forward_windows(fs.raw.shape[0], args.folds, embargo_rows=args.embargo_rows)
     train_w, eval_w = fold_windows(windows, args.fold)
