@@ -133,7 +133,7 @@ def test_gradient_is_clipped_to_the_controller_clip():
     torch.testing.assert_close(clipped, torch.tensor(1e-3), rtol=1e-3, atol=0)
 
 
-def test_gradients_are_views_into_one_flat_buffer_that_backward_fills_in_place():
+def test_gradients_are_views_into_one_flat_buffer_that_each_update_overwrites():
     cfg = tiny_cfg(clip_init=1e6)  # no clipping: the buffer holds the raw gradient after the update
     learner = perturbed_learner(cfg, adaptive=False)
     addresses = [p.grad.data_ptr() for p in learner.params]
@@ -145,7 +145,7 @@ def test_gradients_are_views_into_one_flat_buffer_that_backward_fills_in_place()
     assert [p.grad.data_ptr() for p in learner.params] == addresses  # stable storage: a captured graph stays valid
     flat = torch.cat([p.grad.flatten() for p in learner.params])
     assert torch.equal(flat, learner.flat_grad) and torch.count_nonzero(flat) > 0
-    assert torch.equal(learner.flat_grad, fresh.flat_grad)  # zeroed before backward, not accumulated
+    assert torch.equal(learner.flat_grad, fresh.flat_grad)  # this update's gradient, not a sum over updates
     # The reported pre-clip norm is the norm of the whole gradient, as the per-tensor formula gives it.
     per_tensor = torch.linalg.vector_norm(torch.stack([p.grad.norm() for p in learner.params]))
     torch.testing.assert_close(metrics["grad_norm"], per_tensor, rtol=1e-6, atol=0)

@@ -101,6 +101,48 @@ def test_mamba_block_is_causal():
     assert (y2[:, 6:] - y[:, 6:]).abs().max() > 1e-3
 
 
+@pytest.mark.parametrize("n_layers", [1, 3])
+def test_encoder_final_block_at_the_last_position_equals_every_position_sliced(n_layers):
+    """The encoder's final block computes only the last position; a plain loop over every position, sliced at the
+    end, gives the same encoding and the same parameter gradients."""
+    torch.manual_seed(3)
+    enc = QNetwork(tiny_cfg(n_layers=n_layers, scan="sequential")).encoder
+    obs, _ = inputs(tiny_cfg(n_layers=n_layers))
+
+    def every_position() -> torch.Tensor:
+        x = enc.embed(obs)
+        for norm, block in zip(enc.norms, enc.blocks):
+            x = x + block(norm(x))
+        return enc.norm_out(x[:, -1])
+
+    want = every_position()
+    got = enc(obs)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-6)
+    weights = torch.randn_like(want)
+    want_grads = torch.autograd.grad((want * weights).sum(), list(enc.parameters()))
+    got_grads = torch.autograd.grad((got * weights).sum(), list(enc.parameters()))
+    for (name, _), a, b in zip(enc.named_parameters(), got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_batched_head_equals_the_streams_one_at_a_time_values_and_gradients():
+    torch.manual_seed(4)
+    cfg = tiny_cfg(branch_sizes=(4, 3, 2, 5))  # streams of unequal width: the padding is exercised
+    net = QNetwork(cfg)
+    for layer in [net.value[-1], *[a[-1] for a in net.advantages]]:  # undo the near-zero head init
+        torch.nn.init.normal_(layer.weight, std=0.3)
+        torch.nn.init.normal_(layer.bias, std=0.3)
+    z, env_state = torch.randn(7, cfg.d_model), torch.randn(7, cfg.env_state_dim)
+    got, want = net.head(z, env_state), net.head_per_stream(z, env_state)
+    torch.testing.assert_close(got, want, rtol=1e-5, atol=1e-5)
+    weights = torch.randn_like(want)
+    params = [p for name, p in net.named_parameters() if not name.startswith("encoder.")]
+    got_grads = torch.autograd.grad((got * weights).sum(), params)
+    want_grads = torch.autograd.grad((want * weights).sum(), params)
+    for a, b in zip(got_grads, want_grads):
+        torch.testing.assert_close(a, b, rtol=1e-4, atol=1e-5)
+
+
 def test_network_output_does_not_depend_on_the_scan_method():
     torch.manual_seed(1)
     net_par = QNetwork(tiny_cfg(scan="parallel"))

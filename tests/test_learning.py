@@ -76,9 +76,11 @@ def test_signal_zero_walk_forward_shows_no_edge_over_three_folds(tmp_path):
     leak = s["leakage"]
     assert s["missing_folds"] == [] and leak["folds_without_mid_edge"] == []
     assert all(f["trades"] > 0 and f["mid_edge_n"] > 0 for f in s["folds"]), s["folds"]  # it traded: not vacuous
-    assert leak["mid_edge_n"] > 300, leak
+    n = leak["mid_edge_n"]
+    assert n >= 200, leak  # enough decided positions for the tests below to have power
     assert abs(leak["mid_edge_tstat"]) < 2, leak
-    assert abs(leak["mid_hit_rate"] - 0.5) <= 0.03, leak
+    # hit rate within two binomial standard errors of a coin (±0.071 at n = 200, ±0.058 at 300)
+    assert abs(leak["mid_hit_rate"] - 0.5) <= 2 * 0.5 / n**0.5, leak
     assert s["net_pnl_tstat"] < 2, s["net_pnl_tstat"]  # one-sided: losing to fees and the spread is not an edge
     assert all(f["win_rate"] <= 0.53 for f in s["folds"]), [f["win_rate"] for f in s["folds"]]
     assert leak["leak_suspected"] is False and "no leak suspected" in (run / "report.md").read_text()

@@ -116,7 +116,7 @@ DEFAULT_WINDOW_ROWS = 2_600
 
 
 def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, tape_rows: int = DEFAULT_WINDOW_ROWS,
-                   agent: dict | None = None, compile: str = "none", warm_updates: int = 3):
+                   agent: dict | None = None, compile: str = "none", warm_updates: int = 3, overlap: bool = True):
     """A FoldTrainer at the preset's model size on a random tape with random features (no data pipeline), its
     replay filled past a batch (the n-step rings mature) and `warm_updates` eager steps run (lazy optimizer state,
     cuBLAS handles, the allocator, and torch.compile's compilation when `compile` asks for it)."""
@@ -127,7 +127,7 @@ def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, ta
 
     cfg = preset(preset_name)
     cfg = cfg.replace(sim={"n_envs": n_envs, "seed": seed}, loop={"device": device, "seed": seed, "learning_starts": 8,
-                                                                 "compile": compile},
+                                                                 "compile": compile, "overlap": overlap},
                       replay={"capacity": max(cfg.replay.capacity, 4 * n_envs)}, agent=agent or {})
     tape = random_decision_tape(tape_rows, levels=10, radius=16, seed=seed)
     features = np.random.default_rng(seed).standard_normal((tape_rows, 23)).astype(np.float32)
@@ -157,7 +157,7 @@ def count_step_flops(preset_name: str, n_envs: int, device: str, seed: int = 0,
 
 def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name: str = "h100",
                    seed: int = 0, window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None,
-                   compile: str = "none") -> dict:
+                   compile: str = "none", overlap: bool = True) -> dict:
     """Time `steps` full training steps; returns steps/s, transitions/s, ms/step, peak memory, losses."""
     from trainer.loop.step import GraphedStep
 
@@ -167,7 +167,7 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
     if mode == "graph" and dev.type != "cuda":
         raise ValueError("graph mode needs --device cuda")
     torch.manual_seed(seed)
-    trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, compile)
+    trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, compile, overlap=overlap)
     step = trainer.step_fn
     flops = count_step_flops(preset_name, n_envs, device, seed, window_rows, agent)
     run = GraphedStep(step) if mode == "graph" else step
@@ -187,7 +187,7 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
         "bench": "step", "mode": mode, "preset": preset_name, "n_envs": n_envs, "steps": steps,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "batch_size": trainer.agent_cfg.batch_size, "encoder": trainer.agent_cfg.encoder,
-        "scan": trainer.agent_cfg.scan, "compile": compile, "window_rows": window_rows,
+        "scan": trainer.agent_cfg.scan, "compile": compile, "overlap": overlap, "window_rows": window_rows,
         "act_by_row_table": step.table_rows is not None,
         "steps_per_s": sps, "transitions_per_s": sps * n_envs, "ms_per_step": 1e3 / sps,
         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
@@ -198,7 +198,7 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
 
 def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int = 5,
                  window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None, compile: str = "none",
-                 graph: bool = False) -> dict:
+                 graph: bool = False, overlap: bool = True) -> dict:
     """Where a full step spends device time, from torch.profiler over `steps` steps: kernels per step, their
     summed duration, the span from the first kernel's start to the last one's end (summed / span = how busy
     the device is), and the top kernels. Eager steps also split kernels by labelled region of `TrainStep`
@@ -214,7 +214,7 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
     if graph and not on_cuda:
         raise ValueError("profiling the graph needs --device cuda")
     torch.manual_seed(0)
-    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile)
+    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, overlap=overlap)
     step = trainer.step_fn
     run = GraphedStep(step) if graph else step
     run()
@@ -268,7 +268,8 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
                                  "device_us": total_us - sum(v["device_us"] for v in regions.values())}
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
     return {
-        "bench": "profile", "preset": preset_name, "n_envs": n_envs, "compile": compile, "steps": steps,
+        "bench": "profile", "preset": preset_name, "n_envs": n_envs, "compile": compile, "overlap": overlap,
+        "steps": steps,
         "mode": "graph" if graph else "eager",
         "kernels_per_step": total_kernels / steps,
         "device_us_per_step": total_us / steps,
@@ -281,7 +282,7 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
 
 
 def print_profile(r: dict) -> None:
-    print(f"profile: preset {r['preset']}, n_envs {r['n_envs']:,}, compile {r['compile']}, "
+    print(f"profile: preset {r['preset']}, n_envs {r['n_envs']:,}, compile {r['compile']}, overlap {r['overlap']}, "
           f"{r['steps']} {r['mode']} steps")
     span = f", first-to-last kernel span {r['span_us_per_step']:.0f} us" if r["span_us_per_step"] else ""
     print(f"kernels per step {r['kernels_per_step']:.0f}, summed kernel time per step {r['device_us_per_step']:.0f} us"
@@ -298,14 +299,14 @@ def print_profile(r: dict) -> None:
 
 
 def sweep(device: str, n_envs_list: list[int], steps: int, preset_name: str, window_rows: int = DEFAULT_WINDOW_ROWS,
-          agent: dict | None = None, compile: str = "none") -> list[dict]:
+          agent: dict | None = None, compile: str = "none", overlap: bool = True) -> list[dict]:
     dev = torch.device(device)
     ceiling = tf32_ceiling_tflops(dev) if dev.type == "cuda" else None
     rows = []
     for n in n_envs_list:
         for mode in (("eager", "graph") if dev.type == "cuda" else ("eager",)):
             r = run_step_bench(n, steps if mode == "graph" else max(steps // 4, 20), device, mode, preset_name,
-                               window_rows=window_rows, agent=agent, compile=compile)
+                               window_rows=window_rows, agent=agent, compile=compile, overlap=overlap)
             r["tf32_ceiling_tflops"] = ceiling
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -335,6 +336,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--compile", nargs="?", const="all", default="none", choices=("none", "sim", "all"),
                         help="torch.compile (compile time not timed): sim-only, any value compiles the simulator "
                              "step; full step, 'sim' or 'all' (also the Q-network) as LoopConfig.compile")
+    parser.add_argument("--no-overlap", action="store_true",
+                        help="full step: run everything on one CUDA stream (LoopConfig.overlap=False; same values)")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     parser.add_argument("--mode", choices=("eager", "graph", "both"), default="both",
                         help="full step: eager, CUDA graph, or both side by side (graph needs CUDA)")
@@ -355,12 +358,12 @@ def main(argv: list[str] | None = None) -> int:
             raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
         if args.profile:
             r = profile_step(args.n_envs, args.device, args.preset, window_rows=args.window_rows, agent=agent,
-                             compile=args.compile, graph=args.mode == "graph")
+                             compile=args.compile, graph=args.mode == "graph", overlap=not args.no_overlap)
             print(json.dumps(r)) if args.json else print_profile(r)
             return 0
         if args.sweep:
             rows = sweep(args.device, [int(x) for x in args.n_envs_list.split(",")], args.steps, args.preset,
-                         args.window_rows, agent, args.compile)
+                         args.window_rows, agent, args.compile, overlap=not args.no_overlap)
             print_table(rows)
             return 0
         if not args.sim_only:
@@ -368,7 +371,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.mode == "both" and torch.device(args.device).type != "cuda":
                 modes = ("eager",)  # side by side needs CUDA; an explicit --mode graph on CPU is refused (exit 2)
             rows = [run_step_bench(args.n_envs, args.steps, args.device, m, args.preset, window_rows=args.window_rows,
-                                   agent=agent, compile=args.compile) for m in modes]
+                                   agent=agent, compile=args.compile, overlap=not args.no_overlap) for m in modes]
             if args.json:
                 for r in rows:
                     print(json.dumps(r))

@@ -7,7 +7,7 @@ the importance weights; backward; adaptive clip; AdamW step; Polyak target updat
 and kill-monitor statistics. Everything stays on the device: no host syncs, no data-dependent
 shapes and no Python branching on tensor values, so the whole update can be captured in a CUDA
 graph (AdamW runs fused with `capturable=True` and a 0-dim tensor lr on CUDA; gradients are views into
-one flat buffer that is zeroed in place, never set to None, so their storage is stable across replays).
+one flat buffer that is overwritten in place, never set to None, so their storage is stable across replays).
 """
 from __future__ import annotations
 
@@ -24,6 +24,7 @@ from trainer.agent.config import AgentConfig
 from trainer.agent.controllers import Controllers
 from trainer.agent.kill import KillMonitor
 from trainer.agent.network import QNetwork, expected_q
+from trainer.streams import SideStream
 
 OPTIM_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
@@ -40,20 +41,32 @@ class Batch(NamedTuple):
     weights: Tensor  # (B,) importance-sampling weights
 
 
+class Gradients(NamedTuple):
+    """What `Learner.backward` leaves for `Learner.apply` (the gradient itself is in `Learner.flat_grad`)."""
+    loss: Tensor  # () importance-weighted mean cross-entropy, detached
+    per_item: Tensor  # (B,) cross-entropy per item, averaged over branches (the new priorities)
+    taken: Tensor  # (B, nb, N) online logits of the taken actions, detached
+    returns: Tensor  # (B,) n-step returns of the batch
+
+
 class Learner:
-    def __init__(self, net: QNetwork, cfg: AgentConfig, device: torch.device | str, adaptive: bool = True):
-        """`adaptive=False` freezes lr, clip and tau at cfg.lr, cfg.clip_init and cfg.tau."""
+    def __init__(self, net: QNetwork, cfg: AgentConfig, device: torch.device | str, adaptive: bool = True,
+                 overlap: bool = True):
+        """`adaptive=False` freezes lr, clip and tau at cfg.lr, cfg.clip_init and cfg.tau. `overlap` runs the
+        double-DQN target (two forwards at x') on a side CUDA stream, concurrently with the online forward at x
+        (trainer/streams.py; same values, nothing on CPU)."""
         self.cfg = cfg
         self.device = torch.device(device)
+        self.side = SideStream(self.device, enabled=overlap)
         self.online = net.to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.params = list(self.online.parameters())
         self.target_params = list(self.target.parameters())
         self.controllers = Controllers(cfg, self.device, adaptive=adaptive)
         self.kill = KillMonitor(cfg, self.device)
-        # One flat gradient buffer with every parameter's .grad a view into it: backward accumulates into the
-        # views in place (a defined .grad is never replaced), so zeroing, the norm, the clip and the NaN guard
-        # are one kernel each instead of one per parameter tensor (46 of them in the h100 network).
+        # One flat gradient buffer with every parameter's .grad a view into it: `backward` writes the whole
+        # gradient into it with one copy (a .grad is never replaced), so the norm, the clip and the NaN guard are
+        # one kernel each instead of one per parameter tensor (46 of them in the h100 network).
         self.flat_grad = torch.zeros(sum(p.numel() for p in self.params), device=self.device)  # (n_params,)
         offset = 0
         for p in self.params:
@@ -85,15 +98,27 @@ class Learner:
         torch._foreach_add_(self.target_params, torch._foreach_mul(self.params, tau))
 
     def update(self, batch: Batch | tuple[Tensor, ...]) -> dict[str, Tensor]:
-        """One gradient step. Returns 0-dim device tensors (loss, q_mean, grad_norm, lr, clip, tau,
-        td_error_mean) and `priorities` (B,), the per-item cross-entropy for the replay."""
-        obs, env_state, actions, returns, discounts, next_obs, next_env_state, weights = batch
-        target = self._target_distribution(next_obs, next_env_state, returns, discounts)
-        loss, per_item, taken = self._loss(obs, env_state, actions, target, weights)
+        """One gradient step: `apply(backward(batch))`. Returns 0-dim device tensors (loss, q_mean, grad_norm, lr,
+        clip, tau, td_error_mean) and `priorities` (B,), the per-item cross-entropy for the replay."""
+        return self.apply(self.backward(batch))
 
-        # --- backward, adaptive clip, AdamW, Polyak ----------------------------------------------------
-        self.flat_grad.zero_()
-        loss.backward()
+    def backward(self, batch: Batch | tuple[Tensor, ...]) -> Gradients:
+        """The double-DQN C51 target, the loss and its backward into `flat_grad`. Parameters are only read, so a
+        caller may act with the online net concurrently (trainer/loop/step.py) until `apply`."""
+        obs, env_state, actions, returns, discounts, next_obs, next_env_state, weights = batch
+        with self.side.fork():
+            target = self._target_distribution(next_obs, next_env_state, returns, discounts)
+        taken = self._taken_logits(obs, env_state, actions)
+        self.side.join()
+        loss, per_item = self._cross_entropy(taken, target, weights)
+        # The gradient lands in the flat buffer in one copy (a .backward() would add into each parameter's view:
+        # a zero_ and one kernel per tensor). Parameters the loss does not reach get zeros.
+        grads = torch.autograd.grad(loss, self.params, materialize_grads=True)
+        torch.cat([g.reshape(-1) for g in grads], out=self.flat_grad)
+        return Gradients(loss.detach(), per_item.detach(), taken.detach(), returns)
+
+    def apply(self, grads: Gradients) -> dict[str, Tensor]:
+        """Adaptive clip of `flat_grad`, AdamW, Polyak, and the controller and kill-monitor statistics."""
         grad_norm = torch.linalg.vector_norm(self.flat_grad)  # 0-dim, pre-clip
         clip = self.controllers.clip.clone()  # the clip in force for this update
         finite = torch.isfinite(grad_norm)
@@ -105,10 +130,9 @@ class Learner:
         self.optimizer.step()
         self.polyak_update(tau)
 
-        loss_d = loss.detach()
-        q_mean = self._statistics(loss_d, grad_norm, taken.detach(), returns)
-        return {"loss": loss_d, "q_mean": q_mean, "grad_norm": grad_norm, "lr": lr, "clip": clip, "tau": tau,
-                "td_error_mean": per_item.detach().mean(), "priorities": per_item.detach()}
+        q_mean = self._statistics(grads.loss, grad_norm, grads.taken, grads.returns)
+        return {"loss": grads.loss, "q_mean": q_mean, "grad_norm": grad_norm, "lr": lr, "clip": clip, "tau": tau,
+                "td_error_mean": grads.per_item.mean(), "priorities": grads.per_item}
 
     @torch.no_grad()
     def _target_distribution(self, next_obs: Tensor, next_env_state: Tensor, returns: Tensor,
@@ -126,17 +150,19 @@ class Learner:
         return project_distribution(next_probs, returns[:, None].expand(-1, n_branches),
                                     discounts[:, None].expand(-1, n_branches), support)  # (B, nb, N)
 
-    def _loss(self, obs: Tensor, env_state: Tensor, actions: Tensor, target: Tensor,
-              weights: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """Per-branch cross-entropy of the taken action's online logits against the target, averaged over
-        branches, importance-weighted. Returns the loss (0-dim), per-item loss (B,) and taken logits (B, nb, N)."""
-        batch_size = obs.shape[0]
+    def _taken_logits(self, obs: Tensor, env_state: Tensor, actions: Tensor) -> Tensor:
+        """Online logits of the taken action per branch, (B, nb, N), with their graph for the backward."""
         logits = self.online(obs, env_state)  # (B, nb, A_max, N)
-        idx = actions[..., None, None].expand(batch_size, self.cfg.n_branches, 1, self.cfg.n_atoms)
-        taken = logits.gather(2, idx).squeeze(2)  # (B, nb, N)
+        idx = actions[..., None, None].expand(obs.shape[0], self.cfg.n_branches, 1, self.cfg.n_atoms)
+        return logits.gather(2, idx).squeeze(2)
+
+    @staticmethod
+    def _cross_entropy(taken: Tensor, target: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-branch cross-entropy of the taken logits against the target masses, averaged over branches,
+        importance-weighted. Returns the loss (0-dim) and the per-item loss (B,)."""
         cross_entropy = -(target * F.log_softmax(taken, dim=-1)).sum(-1)  # (B, nb)
         per_item = cross_entropy.mean(-1)  # (B,) averaged over branches
-        return (weights * per_item).mean(), per_item, taken
+        return (weights * per_item).mean(), per_item
 
     @torch.no_grad()
     def _statistics(self, loss: Tensor, grad_norm: Tensor, taken: Tensor, returns: Tensor) -> Tensor:
@@ -150,10 +176,12 @@ class Learner:
 
     def compile(self) -> None:
         """torch.compile the tensor-only pieces of `update` (LoopConfig.compile='all'): the target distribution,
-        the loss (its backward is compiled with it) and the statistics, whose ~100 0-dim ops fuse into a few
-        kernels. Backward, clip, AdamW and Polyak stay eager (a handful of flat or fused kernels already)."""
+        the online forward and the loss (their backwards are compiled with them) and the statistics, whose ~100
+        0-dim ops fuse into a few kernels. Clip, AdamW and Polyak stay eager (a handful of flat or fused kernels
+        already)."""
         self._target_distribution = torch.compile(self._target_distribution, dynamic=False)
-        self._loss = torch.compile(self._loss, dynamic=False)
+        self._taken_logits = torch.compile(self._taken_logits, dynamic=False)
+        self._cross_entropy = torch.compile(self._cross_entropy, dynamic=False)
         self._statistics = torch.compile(self._statistics, dynamic=False)
 
     # ----------------------------------------------------------------------------------------------

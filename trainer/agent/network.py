@@ -132,19 +132,29 @@ class MambaBlock(nn.Module):
         self.D = nn.Parameter(torch.ones(d_inner))
         self.out_proj = nn.Linear(d_inner, d_model, bias=False)
 
-    def forward(self, x: Tensor) -> Tensor:
-        xz = self.in_proj(x)  # (Bt, L, 2 d_inner)
-        u, z = xz.chunk(2, dim=-1)
+    def forward(self, x: Tensor, last_only: bool = False) -> Tensor:
+        """x (Bt, L, d_model) -> (Bt, L, d_model), or (Bt, d_model) for the last position alone when `last_only`:
+        the scan still runs over every position, but the gate z, the gating and the out-projection only at the
+        last (an encoder's final block needs nothing else)."""
+        if last_only:
+            w_u, w_z = self.in_proj.weight.chunk(2, dim=0)
+            u, z = F.linear(x, w_u), F.linear(x[:, -1], w_z)  # (Bt, L, d_inner), (Bt, d_inner)
+        else:
+            u, z = self.in_proj(x).chunk(2, dim=-1)  # (Bt, L, d_inner) each
         u = F.silu(causal_depthwise_conv(u, self.conv.weight, self.conv.bias))  # (Bt, L, d_inner)
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = F.softplus(self.dt_proj(dt))  # (Bt, L, d_inner), > 0
         A = -torch.exp(self.A_log)  # (d_inner, N), < 0
-        y = self.scan(u, delta, A, B, C, self.D)
-        return self.out_proj(y * F.silu(z))  # (Bt, L, d_model)
+        y = self.scan(u, delta, A, B, C, self.D)  # (Bt, L, d_inner)
+        if last_only:
+            y = y[:, -1]
+        return self.out_proj(y * F.silu(z))
 
 
 class MambaEncoder(nn.Module):
-    """Embedding + pre-norm residual Mamba blocks; returns the last position (Bt, d_model)."""
+    """Embedding + pre-norm residual Mamba blocks; returns the last position (Bt, d_model). The final block
+    computes its output at the last position only (`MambaBlock.forward(last_only=True)`): the same values as
+    running it over every position and slicing, for about a third less of that block's work."""
 
     def __init__(self, cfg: AgentConfig):
         super().__init__()
@@ -156,9 +166,11 @@ class MambaEncoder(nn.Module):
 
     def forward(self, obs: Tensor) -> Tensor:
         x = self.embed(obs)  # (Bt, W, d_model)
-        for norm, block in zip(self.norms, self.blocks):
+        *inner, final = zip(self.norms, self.blocks)
+        for norm, block in inner:
             x = x + block(norm(x))
-        return self.norm_out(x[:, -1])  # (Bt, d_model)
+        norm, block = final
+        return self.norm_out(x[:, -1] + block(norm(x), last_only=True))  # (Bt, d_model)
 
 
 class GRUEncoder(nn.Module):
@@ -225,15 +237,40 @@ class QNetwork(nn.Module):
         """Encoded windows z (B, d_model) and env_state (B, S) -> logits (B, n_branches, A_max, n_atoms).
 
         Split from `forward` because the encoder reads only the feature window, a function of the decision row:
-        acting can encode each row of the window once and gather by row (see trainer/loop/step.py)."""
-        batch = z.shape[0]
-        n_atoms, a_max = self.cfg.n_atoms, self.cfg.max_actions
+        acting can encode each row of the window once and gather by row (see trainer/loop/step.py).
+
+        The value stream and the advantage streams run batched: their first layers as one GEMM over the
+        stacked weights, their last layers as one batched GEMM over weights zero-padded to the widest stream
+        (2 matmuls instead of 2 per stream; the parameters stay per-stream modules). `head_per_stream` is the
+        plain one-stream-at-a-time reference, tested to give the same logits."""
         h = self.torso(torch.cat([z, env_state], dim=-1))  # (B, H)
-        v = self.value(h).unsqueeze(1)  # (B, 1, N)
+        streams = [self.value, *self.advantages]
+        w1 = torch.cat([s[0].weight for s in streams])  # (n_streams H, H)
+        b1 = torch.cat([s[0].bias for s in streams])
+        hidden = F.silu(F.linear(h, w1, b1)).view(h.shape[0], len(streams), -1).transpose(0, 1)  # (n_streams, B, H)
+        widest = max(s[2].out_features for s in streams)
+        w2 = torch.stack([F.pad(s[2].weight, (0, 0, 0, widest - s[2].out_features)) for s in streams])  # (ns, O, H)
+        b2 = torch.stack([F.pad(s[2].bias, (0, widest - s[2].out_features)) for s in streams])  # (ns, O)
+        out = torch.baddbmm(b2.unsqueeze(1), hidden, w2.transpose(1, 2))  # (n_streams, B, widest)
+        n_atoms = self.cfg.n_atoms
+        v = out[0, :, :n_atoms]
+        adv = [out[1 + i, :, :a_b * n_atoms] for i, a_b in enumerate(self.cfg.branch_sizes)]
+        return self._duel(v, adv)
+
+    def head_per_stream(self, z: Tensor, env_state: Tensor) -> Tensor:
+        """`head` computed one stream at a time (the reference the batched head is tested against)."""
+        h = self.torso(torch.cat([z, env_state], dim=-1))  # (B, H)
+        return self._duel(self.value(h), [stream(h) for stream in self.advantages])
+
+    def _duel(self, v: Tensor, adv: list[Tensor]) -> Tensor:
+        """Value (B, N) and per-branch advantages (B, A_b N) -> logits (B, n_branches, A_max, N)."""
+        batch = v.shape[0]
+        n_atoms, a_max = self.cfg.n_atoms, self.cfg.max_actions
+        v = v.unsqueeze(1)  # (B, 1, N)
         branches = []
-        for stream, a_b in zip(self.advantages, self.cfg.branch_sizes):
-            adv = stream(h).view(batch, a_b, n_atoms)  # (B, A_b, N)
-            logits_b = v + adv - adv.mean(dim=1, keepdim=True)  # mean over the A_b real actions only
+        for adv_b, a_b in zip(adv, self.cfg.branch_sizes):
+            adv_b = adv_b.reshape(batch, a_b, n_atoms)  # (B, A_b, N)
+            logits_b = v + adv_b - adv_b.mean(dim=1, keepdim=True)  # mean over the A_b real actions only
             if a_b < a_max:
                 logits_b = torch.cat([logits_b, self.pad_logits.expand(batch, a_max - a_b, n_atoms)], dim=1)
             branches.append(logits_b)

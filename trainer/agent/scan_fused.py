@@ -54,12 +54,22 @@ if triton is not None:
         mask_dn = mask_d[:, None] & mask_n[None, :]
         a = tl.load(a_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)  # (BD, BN)
         h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        # Software prefetch: step t+1's inputs are loaded before step t is computed, so the loads' latency
+        # overlaps the arithmetic instead of stalling every step of the dependent walk.
+        row = seq * L
+        u_next = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+        dt_next = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+        b_next = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=0.0)
+        c_next = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=0.0)
         for t in range(L):
             row = seq * L + t
-            u = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-            dt = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-            bb = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=0.0)
-            cc = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=0.0)
+            u, dt, bb, cc = u_next, dt_next, b_next, c_next
+            # Masks as vectors (offs * 0 + t): a scalar condition in a mask trips the interpreter.
+            more_d, more_n = mask_d & (offs_d * 0 + t + 1 < L), mask_n & (offs_n * 0 + t + 1 < L)
+            u_next = tl.load(u_ptr + (row + 1) * D + offs_d, mask=more_d, other=0.0)
+            dt_next = tl.load(dt_ptr + (row + 1) * D + offs_d, mask=more_d, other=0.0)
+            b_next = tl.load(b_ptr + (row + 1) * N + offs_n, mask=more_n, other=0.0)
+            c_next = tl.load(c_ptr + (row + 1) * N + offs_n, mask=more_n, other=0.0)
             h = tl.exp(dt[:, None] * a) * h + (dt * u)[:, None] * bb[None, :]
             tl.store(y_ptr + row * D + offs_d, tl.sum(h * cc[None, :], axis=1), mask=mask_d)
             if SAVE:
@@ -78,19 +88,29 @@ if triton is not None:
         a = tl.load(a_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
         g = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)       # ∂loss/∂h_t
         da_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)  # this sequence's share of ∂loss/∂A
+        # Software prefetch as in the forward, walking back: step t-1's inputs load while step t computes. h_t is
+        # the previous iteration's h_{t-1}, so each saved state is read once; h_{-1} = 0 (masked load).
+        row = seq * L + L - 1
+        h = tl.load(hs_ptr + (row * D + offs_d[:, None]) * N + offs_n[None, :], mask=mask_dn, other=0.0)
+        u_next = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+        dt_next = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+        b_next = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=0.0)
+        c_next = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=0.0)
+        dy_next = tl.load(dy_ptr + row * D + offs_d, mask=mask_d, other=0.0)
+        hp_next = tl.load(hs_ptr + ((row - 1) * D + offs_d[:, None]) * N + offs_n[None, :],
+                          mask=mask_dn & (offs_d[:, None] * 0 + L > 1), other=0.0)  # h_{L-2}
         for i in range(L):
             t = L - 1 - i
             row = seq * L + t
-            u = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-            dt = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-            bb = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=0.0)
-            cc = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=0.0)
-            dy = tl.load(dy_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-            h = tl.load(hs_ptr + (row * D + offs_d[:, None]) * N + offs_n[None, :], mask=mask_dn, other=0.0)
-            # h_{t-1}, zero at t = 0 (read from row t then, in bounds, and discarded).
-            prev = row - (t > 0).to(tl.int32)
-            h_prev = tl.load(hs_ptr + (prev * D + offs_d[:, None]) * N + offs_n[None, :], mask=mask_dn, other=0.0)
-            h_prev = h_prev * (t > 0).to(tl.float32)
+            u, dt, bb, cc, dy, h_prev = u_next, dt_next, b_next, c_next, dy_next, hp_next
+            more_d, more_n = mask_d & (offs_d * 0 + t > 0), mask_n & (offs_n * 0 + t > 0)  # a step t-1 exists
+            u_next = tl.load(u_ptr + (row - 1) * D + offs_d, mask=more_d, other=0.0)
+            dt_next = tl.load(dt_ptr + (row - 1) * D + offs_d, mask=more_d, other=0.0)
+            b_next = tl.load(b_ptr + (row - 1) * N + offs_n, mask=more_n, other=0.0)
+            c_next = tl.load(c_ptr + (row - 1) * N + offs_n, mask=more_n, other=0.0)
+            dy_next = tl.load(dy_ptr + (row - 1) * D + offs_d, mask=more_d, other=0.0)
+            hp_next = tl.load(hs_ptr + ((row - 2) * D + offs_d[:, None]) * N + offs_n[None, :],
+                              mask=mask_dn & (offs_d[:, None] * 0 + t > 1), other=0.0)  # h_{t-2}
             g += cc[None, :] * dy[:, None]
             decay = tl.exp(dt[:, None] * a)
             g_h_prev = g * h_prev * decay  # ∂loss/∂(Δ A) through the decay term
@@ -103,6 +123,7 @@ if triton is not None:
                      tl.sum(g * bb[None, :], axis=1) * u + tl.sum(g_h_prev * a, axis=1), mask=mask_d)
             da_acc += g_h_prev * dt[:, None]
             g = g * decay
+            h = h_prev
         tl.store(da_part_ptr + (seq * D + offs_d[:, None]) * N + offs_n[None, :], da_acc, mask=mask_dn)
 
 

@@ -41,6 +41,10 @@ class LoopConfig:
     priorities, the learner's target, loss with its backward, and statistics; backward bookkeeping, clip, AdamW
     and Polyak stay eager). Paid once per process (about a minute on a GPU); the values match eager to float
     rounding, not bit for bit, so it is part of the checkpoint fingerprint."""
+    overlap: bool = True
+    """On CUDA, run acting (act → simulator → store) and the learner's double-DQN target on side streams,
+    concurrently with the learner's online forward and backward (trainer/loop/step.py). Same values either way;
+    nothing changes on CPU."""
     seed: int = 0
     """Seed for torch, numpy, python and the simulator's reset hash."""
     deterministic: bool = False

@@ -98,7 +98,7 @@ class FoldTrainer:
         self.features = torch.as_tensor(features, dtype=torch.float32, device=dev)  # (T, F) normalised
         self.sim = Simulator(tape, cfg.sim, dev)
         self.state = self.sim.reset(train.start, train.stop, min_history=W - 1)
-        self.learner = Learner(QNetwork(self.agent_cfg), self.agent_cfg, dev)
+        self.learner = Learner(QNetwork(self.agent_cfg), self.agent_cfg, dev, overlap=cfg.loop.overlap)
         n_envs = cfg.sim.n_envs
         self.nstep = NStepAccumulator(n_envs, self.agent_cfg.n_step, self.agent_cfg.gamma, ENV_FEATURES,
                                       self.agent_cfg.n_branches, dev)
@@ -110,7 +110,8 @@ class FoldTrainer:
         self.dir_counts = torch.zeros(4, device=dev)
         self.step_fn = TrainStep(self.features, self.sim, self.state, self.learner, self.nstep, self.replay,
                                  W, self.agent_cfg.batch_size, self.dir_counts,
-                                 row_range=(train.start + W - 1, train.stop), compile=cfg.loop.compile)
+                                 row_range=(train.start + W - 1, train.stop), compile=cfg.loop.compile,
+                                 overlap=cfg.loop.overlap)
         self.env_step = 0  # loop iterations done (each is n_envs env steps); host-side, no sync needed
         self.update_step = 0  # gradient steps done
         self.wall_seconds = 0.0  # accumulated over attempts

@@ -1,7 +1,17 @@
-"""The training step: act on all envs → store → one gradient step, as one function over explicit state.
+"""The training step: sample a batch → act on all envs and store → one gradient step, over explicit state.
 
 Everything here stays on the device. The same `TrainStep.__call__` runs eagerly or is captured once as a CUDA
 graph and replayed (`GraphedStep`); host syncs happen only in `read_metrics`, at log intervals.
+
+Order within a step, and what runs concurrently on CUDA (trainer/streams.py):
+
+    main stream:  sample ──┬─► target ║ online forward ─► loss ─► backward ──┬─► clip, AdamW, Polyak ─► priorities
+    side stream:           └─► act ─► simulator step ─► n-step store, replay add ─┘
+
+The batch is sampled before this step's transitions are added (they can be drawn from the next step on), so acting
+and storing depend on nothing the learner computes before AdamW changes the weights: the two chains of small
+kernels overlap on the device. The values do not depend on the overlap (`LoopConfig.overlap`): the host issues the
+same calls, random draws included, in the same order either way.
 """
 from __future__ import annotations
 
@@ -13,6 +23,7 @@ from trainer.agent.act import select_actions
 from trainer.agent.learner import Batch, Learner
 from trainer.agent.replay import NStepAccumulator, PrioritizedReplay
 from trainer.sim import Simulator
+from trainer.streams import SideStream
 
 
 REGIONS = ("act", "sim", "store", "sample", "update", "priorities")
@@ -57,8 +68,9 @@ class TrainStep:
 
     def __init__(self, features: torch.Tensor, sim: Simulator, state, learner: Learner, nstep: NStepAccumulator,
                  replay: PrioritizedReplay, window: int, batch_size: int, dir_counts: torch.Tensor,
-                 row_range: tuple[int, int] | None = None, compile: str = "none"):
+                 row_range: tuple[int, int] | None = None, compile: str = "none", overlap: bool = True):
         self.features, self.sim, self.state = features, sim, state
+        self.side = SideStream(features.device, enabled=overlap)  # acting runs here while the learner computes
         # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all', the
         # acting path, storing, sampling and the learner's tensor-only pieces. Compiled on the first eager step,
         # so a graph capture afterwards records the compiled kernels.
@@ -119,11 +131,16 @@ class TrainStep:
             logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
             return select_actions(logits, net.support, net.action_mask, explore=True)
 
-    def learn(self) -> None:
+    def __call__(self) -> None:
+        """One training step (see the module docstring for the order and the overlap)."""
         with _region("sample"):
             idx, batch = self._sample()
+        with self.side.fork():
+            self.act_and_store()  # reads the online weights; AdamW below waits for it (join)
         with _region("update"):
-            out = self.learner.update(batch)
+            grads = self.learner.backward(batch)
+            self.side.join()
+            out = self.learner.apply(grads)
         with _region("priorities"):
             self._priorities(idx, out)
 
@@ -140,10 +157,6 @@ class TrainStep:
         self.replay.update_priorities(idx, out["priorities"])
         self.metrics.sums[:6] += torch.stack([out[k] for k in StepMetrics.NAMES[:6]]).float()
         self.metrics.count += 1
-
-    def __call__(self) -> None:
-        self.act_and_store()
-        self.learn()
 
 
 class GraphedStep:
