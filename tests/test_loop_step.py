@@ -118,19 +118,21 @@ def test_overlapping_acting_and_learning_on_side_streams_changes_no_value(encode
         runs[overlap, mode] = (torch.stack(losses), trainer.state.position.clone(), trainer.learner.flat_grad.clone(),
                                {k: v.clone() for k, v in trainer.learner.online.state_dict().items()})
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
+        if not a.is_floating_point():
+            return 0.0 if torch.equal(a, b) else float("inf")
         return float((a - b).norm() / b.norm().clamp(min=1e-12))
 
     for mode in ("eager", "graph"):
         key, base = (True, mode), runs[False, mode]
         losses, position, grad, weights = runs[key]
         assert torch.equal(position, base[1]), key  # the same actions were taken
-        print("OVERLAPDIFF", key, rel(losses, base[0]), rel(grad, base[2]), max(rel(p, base[3][n]) for n, p in weights.items()))
         # Floats to the run-to-run noise of the CUDA kernels (cuBLAS and cuDNN are not bit-reproducible across
-        # streams without their deterministic settings): relative differences ~1e-7, tested at 1e-4.
-        assert rel(losses, base[0]) < 1e-4, (key, rel(losses, base[0]))
-        assert rel(grad, base[2]) < 1e-4, (key, rel(grad, base[2]))
+        # streams without their deterministic settings), which 20 updates amplify. Measured on an H200
+        # (2026-12-03): losses 1e-7, the last gradient and the weights at most 9.3e-5 relative.
+        assert rel(losses, base[0]) < 1e-5, (key, rel(losses, base[0]))
+        assert rel(grad, base[2]) < 1e-3, (key, rel(grad, base[2]))
         for name, p in weights.items():
-            assert rel(p, base[3][name]) < 1e-4, (key, name, rel(p, base[3][name]))
+            assert rel(p, base[3][name]) < 1e-3, (key, name, rel(p, base[3][name]))
 
 
 def test_acting_by_row_table_gives_the_same_logits_as_encoding_every_env():

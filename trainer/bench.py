@@ -167,6 +167,8 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
     if mode == "graph" and dev.type != "cuda":
         raise ValueError("graph mode needs --device cuda")
     torch.manual_seed(seed)
+    # As FoldTrainer does: side streams only for a captured graph (an eager step is host-bound; they slow it).
+    overlap = overlap and mode == "graph"
     trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, compile, overlap=overlap)
     step = trainer.step_fn
     flops = count_step_flops(preset_name, n_envs, device, seed, window_rows, agent)
@@ -214,6 +216,7 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
     if graph and not on_cuda:
         raise ValueError("profiling the graph needs --device cuda")
     torch.manual_seed(0)
+    overlap = overlap and graph
     trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, overlap=overlap)
     step = trainer.step_fn
     run = GraphedStep(step) if graph else step

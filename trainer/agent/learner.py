@@ -57,7 +57,8 @@ class Learner:
         (trainer/streams.py; same values, nothing on CPU)."""
         self.cfg = cfg
         self.device = torch.device(device)
-        self.side = SideStream(self.device, enabled=overlap)
+        self.side = SideStream(self.device, enabled=overlap)  # the online net's forward at x'
+        self.side_target = SideStream(self.device, enabled=overlap)  # the target net's forward at x'
         self.online = net.to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.params = list(self.online.parameters())
@@ -104,13 +105,17 @@ class Learner:
 
     def backward(self, batch: Batch | tuple[Tensor, ...]) -> Gradients:
         """The double-DQN C51 target, the loss and its backward into `flat_grad`. Parameters are only read, so a
-        caller may act with the online net concurrently (trainer/loop/step.py) until `apply`."""
+        caller may act with the online net concurrently (trainer/loop/step.py) until `apply`. With `overlap` the
+        online and the target forwards at x' run on two side streams while the online forward at x runs here."""
         obs, env_state, actions, returns, discounts, next_obs, next_env_state, weights = batch
         with self.side.fork():
-            target = self._target_distribution(next_obs, next_env_state, returns, discounts)
+            next_a = self._greedy_actions(next_obs, next_env_state)
+        with self.side_target.fork():
+            next_logits = self._target_logits(next_obs, next_env_state)
         taken = self._taken_logits(obs, env_state, actions)
         self.side.join()
-        loss, per_item = self._cross_entropy(taken, target, weights)
+        self.side_target.join()
+        loss, per_item = self._cross_entropy(taken, next_logits, next_a, returns, discounts, weights)
         # The gradient lands in the flat buffer in one copy (a .backward() would add into each parameter's view:
         # a zero_ and one kernel per tensor). Parameters the loss does not reach get zeros.
         grads = torch.autograd.grad(loss, self.params, materialize_grads=True)
@@ -119,14 +124,7 @@ class Learner:
 
     def apply(self, grads: Gradients) -> dict[str, Tensor]:
         """Adaptive clip of `flat_grad`, AdamW, Polyak, and the controller and kill-monitor statistics."""
-        grad_norm = torch.linalg.vector_norm(self.flat_grad)  # 0-dim, pre-clip
-        clip = self.controllers.clip.clone()  # the clip in force for this update
-        finite = torch.isfinite(grad_norm)
-        # A non-finite gradient is zeroed (coef 0, then NaN·0 → 0) so parameters stay finite; the
-        # kill monitor's sticky flag reports it at the next check.
-        coef = torch.where(finite, (clip / (grad_norm + 1e-6)).clamp(max=1.0), 0.0)
-        self.flat_grad.mul_(coef).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
-        lr, tau = self.controllers.lr.clone(), self.controllers.tau.clone()
+        grad_norm, clip, lr, tau = self._clip_gradient()
         self.optimizer.step()
         self.polyak_update(tau)
 
@@ -135,20 +133,38 @@ class Learner:
                 "td_error_mean": grads.per_item.mean(), "priorities": grads.per_item}
 
     @torch.no_grad()
-    def _target_distribution(self, next_obs: Tensor, next_env_state: Tensor, returns: Tensor,
+    def _clip_gradient(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
+        """Scale `flat_grad` in place to norm <= the controller's clip. Returns the pre-clip norm and the clip, lr
+        and tau in force for this update (0-dim copies: the controllers move on in `_statistics`)."""
+        grad_norm = torch.linalg.vector_norm(self.flat_grad)  # 0-dim, pre-clip
+        clip = self.controllers.clip.clone()
+        finite = torch.isfinite(grad_norm)
+        # A non-finite gradient is zeroed (coef 0, then NaN·0 → 0) so parameters stay finite; the
+        # kill monitor's sticky flag reports it at the next check.
+        coef = torch.where(finite, (clip / (grad_norm + 1e-6)).clamp(max=1.0), 0.0)
+        self.flat_grad.mul_(coef).nan_to_num_(nan=0.0, posinf=0.0, neginf=0.0)
+        return grad_norm, clip, self.controllers.lr.clone(), self.controllers.tau.clone()
+
+    @torch.no_grad()
+    def _greedy_actions(self, next_obs: Tensor, next_env_state: Tensor) -> Tensor:
+        """Double DQN's selection: a* = argmax E[Q] of the online net at x', per branch. (B, nb) int64."""
+        next_q = expected_q(self.online(next_obs, next_env_state), self.online.support)  # (B, nb, A_max)
+        return next_q.masked_fill(~self.online.action_mask, float("-inf")).argmax(-1)
+
+    def _target_distribution(self, next_logits: Tensor, next_a: Tensor, returns: Tensor,
                              discounts: Tensor) -> Tensor:
-        """Double DQN per branch: the online net picks a* = argmax E[Q] at x', the target net's distribution
-        of a* is projected through r + γⁿ z. Returns (B, nb, N) target masses."""
-        batch_size = next_obs.shape[0]
-        n_branches, n_atoms = self.cfg.n_branches, self.cfg.n_atoms
-        support, mask = self.online.support, self.online.action_mask
-        next_q = expected_q(self.online(next_obs, next_env_state), support)  # (B, nb, A_max)
-        next_a = next_q.masked_fill(~mask, float("-inf")).argmax(-1)  # (B, nb)
-        next_logits = self.target(next_obs, next_env_state)  # (B, nb, A_max, N)
+        """Double DQN per branch: the target net's distribution (logits (B, nb, A_max, N) at x') of the online
+        net's a* (B, nb), projected through r + γⁿ z. Returns (B, nb, N) target masses."""
+        batch_size, n_branches, _, n_atoms = next_logits.shape
         idx = next_a[..., None, None].expand(batch_size, n_branches, 1, n_atoms)
         next_probs = torch.softmax(next_logits.gather(2, idx).squeeze(2), dim=-1)  # (B, nb, N)
         return project_distribution(next_probs, returns[:, None].expand(-1, n_branches),
-                                    discounts[:, None].expand(-1, n_branches), support)  # (B, nb, N)
+                                    discounts[:, None].expand(-1, n_branches), self.online.support)
+
+    @torch.no_grad()
+    def _target_logits(self, next_obs: Tensor, next_env_state: Tensor) -> Tensor:
+        """The target net's logits at x', (B, nb, A_max, N)."""
+        return self.target(next_obs, next_env_state)
 
     def _taken_logits(self, obs: Tensor, env_state: Tensor, actions: Tensor) -> Tensor:
         """Online logits of the taken action per branch, (B, nb, N), with their graph for the backward."""
@@ -156,10 +172,11 @@ class Learner:
         idx = actions[..., None, None].expand(obs.shape[0], self.cfg.n_branches, 1, self.cfg.n_atoms)
         return logits.gather(2, idx).squeeze(2)
 
-    @staticmethod
-    def _cross_entropy(taken: Tensor, target: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-branch cross-entropy of the taken logits against the target masses, averaged over branches,
-        importance-weighted. Returns the loss (0-dim) and the per-item loss (B,)."""
+    def _cross_entropy(self, taken: Tensor, next_logits: Tensor, next_a: Tensor, returns: Tensor,
+                       discounts: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-branch cross-entropy of the taken logits against the target masses (`_target_distribution`),
+        averaged over branches, importance-weighted. Returns the loss (0-dim) and the per-item loss (B,)."""
+        target = self._target_distribution(next_logits.detach(), next_a, returns, discounts)  # (B, nb, N)
         cross_entropy = -(target * F.log_softmax(taken, dim=-1)).sum(-1)  # (B, nb)
         per_item = cross_entropy.mean(-1)  # (B,) averaged over branches
         return (weights * per_item).mean(), per_item
@@ -175,13 +192,15 @@ class Learner:
         return q_mean
 
     def compile(self) -> None:
-        """torch.compile the tensor-only pieces of `update` (LoopConfig.compile='all'): the target distribution,
-        the online forward and the loss (their backwards are compiled with them) and the statistics, whose ~100
-        0-dim ops fuse into a few kernels. Clip, AdamW and Polyak stay eager (a handful of flat or fused kernels
-        already)."""
-        self._target_distribution = torch.compile(self._target_distribution, dynamic=False)
+        """torch.compile the tensor-only pieces of `update` (LoopConfig.compile='all'): the three forwards (online
+        at x' for a*, target at x', online at x with its backward), the target projection with the loss, the clip,
+        and the statistics, whose ~100 0-dim ops fuse into a few kernels. The gradient copy, AdamW (one fused
+        kernel) and Polyak (two foreach kernels) stay eager."""
+        self._greedy_actions = torch.compile(self._greedy_actions, dynamic=False)
+        self._target_logits = torch.compile(self._target_logits, dynamic=False)
         self._taken_logits = torch.compile(self._taken_logits, dynamic=False)
         self._cross_entropy = torch.compile(self._cross_entropy, dynamic=False)
+        self._clip_gradient = torch.compile(self._clip_gradient, dynamic=False)
         self._statistics = torch.compile(self._statistics, dynamic=False)
 
     # ----------------------------------------------------------------------------------------------

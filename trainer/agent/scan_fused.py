@@ -132,10 +132,11 @@ def _blocks(n_seq: int, d: int, n: int) -> tuple[int, int, int]:
     so its rounding, depend on BLOCK_D, and a resumed run must replay bit for bit).
 
     One warp per program and enough programs to fill the GPU: measured on an H200 at L=32, D=128, N=16
-    (docs/BENCHMARKS.md, "scan launch shape"), BLOCK_D=32 is fastest at 256 sequences and 64 at 1,024, where the
-    earlier (128, 4 warps) took 60/123/183 µs (forward / forward saving states / backward) against 42/101/147."""
+    (docs/BENCHMARKS.md, "scan launch shape", with the prefetching kernels), BLOCK_D=16 is fastest at 256
+    sequences (forward / forward saving states / backward 18/33/39 µs against 27/34/43 at 32) and 64 at 1,024
+    (38/112/137 µs; the acting pass there runs the forward alone)."""
     block_n = triton.next_power_of_2(n)
-    block_d = 32 if n_seq < 512 else 64
+    block_d = 16 if n_seq < 512 else 64
     block_d = max(1, min(block_d, triton.next_power_of_2(d), 2048 // block_n))
     return block_d, block_n, 1
 

@@ -42,9 +42,10 @@ class LoopConfig:
     and Polyak stay eager). Paid once per process (about a minute on a GPU); the values match eager to float
     rounding, not bit for bit, so it is part of the checkpoint fingerprint."""
     overlap: bool = True
-    """On CUDA, run acting (act → simulator → store) and the learner's double-DQN target on side streams,
-    concurrently with the learner's online forward and backward (trainer/loop/step.py). Same values either way;
-    nothing changes on CPU."""
+    """In graph mode (CUDA), run acting (act → simulator → store) and the learner's double-DQN target forwards on
+    side streams, concurrently with the learner's online forward and backward (trainer/loop/step.py). Same values
+    either way. Eager steps and --deterministic runs keep one stream: an eager step is bound by the host, which
+    the side streams cost time (docs/BENCHMARKS.md v5)."""
     seed: int = 0
     """Seed for torch, numpy, python and the simulator's reset hash."""
     deterministic: bool = False

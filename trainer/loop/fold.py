@@ -98,7 +98,12 @@ class FoldTrainer:
         self.features = torch.as_tensor(features, dtype=torch.float32, device=dev)  # (T, F) normalised
         self.sim = Simulator(tape, cfg.sim, dev)
         self.state = self.sim.reset(train.start, train.stop, min_history=W - 1)
-        self.learner = Learner(QNetwork(self.agent_cfg), self.agent_cfg, dev, overlap=cfg.loop.overlap)
+        lc = cfg.loop
+        self.mode = lc.mode if lc.mode != "auto" else (
+            "graph" if dev.type == "cuda" and not lc.deterministic else "eager")
+        # Side streams pay off in a captured graph only: an eager step is host-bound, and they cost it host time.
+        overlap = lc.overlap and self.mode == "graph" and not lc.deterministic
+        self.learner = Learner(QNetwork(self.agent_cfg), self.agent_cfg, dev, overlap=overlap)
         n_envs = cfg.sim.n_envs
         self.nstep = NStepAccumulator(n_envs, self.agent_cfg.n_step, self.agent_cfg.gamma, ENV_FEATURES,
                                       self.agent_cfg.n_branches, dev)
@@ -111,7 +116,7 @@ class FoldTrainer:
         self.step_fn = TrainStep(self.features, self.sim, self.state, self.learner, self.nstep, self.replay,
                                  W, self.agent_cfg.batch_size, self.dir_counts,
                                  row_range=(train.start + W - 1, train.stop), compile=cfg.loop.compile,
-                                 overlap=cfg.loop.overlap)
+                                 overlap=overlap)
         self.env_step = 0  # loop iterations done (each is n_envs env steps); host-side, no sync needed
         self.update_step = 0  # gradient steps done
         self.wall_seconds = 0.0  # accumulated over attempts
@@ -176,12 +181,10 @@ class FoldTrainer:
                        f"eta {eta_text(self.env_step - steps_at_t0, n - steps_at_t0, elapsed)}")
         self.learner.kill.check()  # raises KillCriterion (exit 3); flags were set on the device inside the step
 
-    def run(self, checkpointer: Checkpointer | None = None, mode: str | None = None) -> None:
-        """Train to cfg.loop.n_steps from wherever the state is (fresh or resumed)."""
+    def run(self, checkpointer: Checkpointer | None = None) -> None:
+        """Train to cfg.loop.n_steps from wherever the state is (fresh or resumed), in `self.mode`."""
         lc = self.cfg.loop
-        mode = mode or lc.mode
-        if mode == "auto":
-            mode = "graph" if self.device.type == "cuda" and not lc.deterministic else "eager"
+        mode = self.mode
         old = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGTERM, signal.SIGINT)}
         t0, steps_at_t0 = time.perf_counter(), self.env_step
         attempt_t0 = t0
