@@ -71,6 +71,23 @@ def test_state_dict_round_trip_continues_identically():
         assert torch.equal(p, b.learner.online.state_dict()[name]), name
 
 
+def _warm_then_run(trainer: FoldTrainer, mode: str, steps: int) -> torch.Tensor:
+    """8 acting steps, 3 eager updates (the lazy inits a capture needs), then `steps` training steps run eagerly or
+    as replays of the captured step. Returns each step's loss, (steps,)."""
+    step = trainer.step_fn
+    for _ in range(8):
+        step.act_and_store()
+    for _ in range(3):
+        step()
+    run = GraphedStep(step) if mode == "graph" else step
+    losses = []
+    for _ in range(steps):
+        step.metrics.reset()
+        run()
+        losses.append(step.metrics.sums[0].clone())
+    return torch.stack(losses)
+
+
 @pytest.mark.gpu
 def test_graph_and_eager_give_the_same_losses_for_the_same_seed():
     """Same seed, same steps: eager vs CUDA-graph replay agree within TF32 tolerance."""
@@ -78,45 +95,25 @@ def test_graph_and_eager_give_the_same_losses_for_the_same_seed():
     for mode in ("eager", "graph"):
         torch.manual_seed(0)
         torch.cuda.manual_seed(0)
-        trainer = _trainer(device="cuda", n_envs=256, seed=0)
-        step = trainer.step_fn
-        for _ in range(8):
-            step.act_and_store()
-        for _ in range(3):
-            step()
-        run = GraphedStep(step) if mode == "graph" else step
-        out = []
-        for _ in range(30):
-            step.metrics.reset()
-            run()
-            out.append(float(step.metrics.sums[0]))
-        losses[mode] = np.array(out)
+        losses[mode] = _warm_then_run(_trainer(device="cuda", n_envs=256, seed=0), mode, 30).cpu().numpy()
     np.testing.assert_allclose(losses["graph"], losses["eager"], rtol=2e-2, atol=1e-3)
 
 
 @pytest.mark.gpu
 @pytest.mark.parametrize("encoder", ["gru", "mamba"])
 def test_overlapping_acting_and_learning_on_side_streams_changes_no_value(encoder):
-    """LoopConfig.overlap runs acting and the target forward on side CUDA streams; the same seed gives the same
+    """LoopConfig.overlap runs acting and the target forwards on side CUDA streams; the same seed gives the same
     actions, losses and weights as running everything on one stream, eagerly and graph-captured alike."""
     runs = {}
     for overlap, mode in ((False, "eager"), (True, "eager"), (False, "graph"), (True, "graph")):
         torch.manual_seed(0)
         trainer = _trainer(device="cuda", n_envs=256, seed=0, overlap=overlap, encoder=encoder, n_layers=2)
-        step = trainer.step_fn
-        assert (step.side.stream is not None) == overlap and (trainer.learner.side.stream is not None) == overlap
-        for _ in range(8):
-            step.act_and_store()
-        for _ in range(3):
-            step()
-        run = GraphedStep(step) if mode == "graph" else step
-        losses = []
-        for _ in range(20):
-            step.metrics.reset()
-            run()
-            losses.append(step.metrics.sums[0].clone())
-        runs[overlap, mode] = (torch.stack(losses), trainer.state.position.clone(), trainer.learner.flat_grad.clone(),
+        assert (trainer.step_fn.side.stream is not None) == overlap
+        assert (trainer.learner.side.stream is not None) == overlap
+        losses = _warm_then_run(trainer, mode, 20)
+        runs[overlap, mode] = (losses, trainer.state.position.clone(), trainer.learner.flat_grad.clone(),
                                {k: v.clone() for k, v in trainer.learner.online.state_dict().items()})
+
     def rel(a: torch.Tensor, b: torch.Tensor) -> float:
         if not a.is_floating_point():
             return 0.0 if torch.equal(a, b) else float("inf")

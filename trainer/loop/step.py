@@ -3,15 +3,17 @@
 Everything here stays on the device. The same `TrainStep.__call__` runs eagerly or is captured once as a CUDA
 graph and replayed (`GraphedStep`); host syncs happen only in `read_metrics`, at log intervals.
 
-Order within a step, and what runs concurrently on CUDA (trainer/streams.py):
+Order within a step, and what runs concurrently in graph mode on CUDA (trainer/streams.py):
 
-    main stream:  sample ──┬─► target ║ online forward ─► loss ─► backward ──┬─► clip, AdamW, Polyak ─► priorities
-    side stream:           └─► act ─► simulator step ─► n-step store, replay add ─┘
+    main:      sample ─┬─┬─► online forward at x ─┬─► loss ─► backward ─┬─► clip, AdamW, Polyak ─► priorities
+    learner:           │ ├─► online forward at x' ┤  (Learner.backward) │
+    learner:           │ └─► target forward at x' ┘                     │
+    acting:            └─► act ─► simulator step ─► n-step store, replay add
 
 The batch is sampled before this step's transitions are added (they can be drawn from the next step on), so acting
-and storing depend on nothing the learner computes before AdamW changes the weights: the two chains of small
-kernels overlap on the device. The values do not depend on the overlap (`LoopConfig.overlap`): the host issues the
-same calls, random draws included, in the same order either way.
+and storing depend on nothing the learner computes before AdamW changes the weights: the chains of small kernels
+overlap on the device. The values do not depend on the overlap (`LoopConfig.overlap`): the host issues the same
+calls, random draws included, in the same order either way. Eager steps run everything on one stream.
 """
 from __future__ import annotations
 
