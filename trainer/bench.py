@@ -116,7 +116,8 @@ DEFAULT_WINDOW_ROWS = 2_600
 
 
 def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, tape_rows: int = DEFAULT_WINDOW_ROWS,
-                   agent: dict | None = None, compile: str = "none", warm_updates: int = 3, overlap: bool = True):
+                   agent: dict | None = None, compile: str = "none", warm_updates: int = 3, overlap: bool = True,
+                   mode: str = "auto"):
     """A FoldTrainer at the preset's model size on a random tape with random features (no data pipeline), its
     replay filled past a batch (the n-step rings mature) and `warm_updates` eager steps run (lazy optimizer state,
     cuBLAS handles, the allocator, and torch.compile's compilation when `compile` asks for it)."""
@@ -127,7 +128,8 @@ def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, ta
 
     cfg = preset(preset_name)
     cfg = cfg.replace(sim={"n_envs": n_envs, "seed": seed}, loop={"device": device, "seed": seed, "learning_starts": 8,
-                                                                 "compile": compile, "overlap": overlap},
+                                                                 "compile": compile, "overlap": overlap,
+                                                                 "mode": mode},
                       replay={"capacity": max(cfg.replay.capacity, 4 * n_envs)}, agent=agent or {})
     tape = random_decision_tape(tape_rows, levels=10, radius=16, seed=seed)
     features = np.random.default_rng(seed).standard_normal((tape_rows, 23)).astype(np.float32)
@@ -167,9 +169,9 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
     if mode == "graph" and dev.type != "cuda":
         raise ValueError("graph mode needs --device cuda")
     torch.manual_seed(seed)
-    # As FoldTrainer does: side streams only for a captured graph (an eager step is host-bound; they slow it).
-    overlap = overlap and mode == "graph"
-    trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, compile, overlap=overlap)
+    # The trainer in the mode it is timed in: FoldTrainer uses side streams only for a captured graph.
+    trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, compile, overlap=overlap,
+                             mode=mode)
     step = trainer.step_fn
     flops = count_step_flops(preset_name, n_envs, device, seed, window_rows, agent)
     run = GraphedStep(step) if mode == "graph" else step
@@ -189,7 +191,8 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
         "bench": "step", "mode": mode, "preset": preset_name, "n_envs": n_envs, "steps": steps,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "batch_size": trainer.agent_cfg.batch_size, "encoder": trainer.agent_cfg.encoder,
-        "scan": trainer.agent_cfg.scan, "compile": compile, "overlap": overlap, "window_rows": window_rows,
+        "scan": trainer.agent_cfg.scan, "compile": compile, "overlap": step.side.stream is not None,
+        "window_rows": window_rows,
         "act_by_row_table": step.table_rows is not None,
         "steps_per_s": sps, "transitions_per_s": sps * n_envs, "ms_per_step": 1e3 / sps,
         "peak_mem_gib": torch.cuda.max_memory_allocated(dev) / 2**30 if dev.type == "cuda" else None,
@@ -216,8 +219,8 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
     if graph and not on_cuda:
         raise ValueError("profiling the graph needs --device cuda")
     torch.manual_seed(0)
-    overlap = overlap and graph
-    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, overlap=overlap)
+    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, overlap=overlap,
+                             mode="graph" if graph else "eager")
     step = trainer.step_fn
     run = GraphedStep(step) if graph else step
     run()
@@ -271,7 +274,8 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
                                  "device_us": total_us - sum(v["device_us"] for v in regions.values())}
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
     return {
-        "bench": "profile", "preset": preset_name, "n_envs": n_envs, "compile": compile, "overlap": overlap,
+        "bench": "profile", "preset": preset_name, "n_envs": n_envs, "compile": compile,
+        "overlap": step.side.stream is not None,
         "steps": steps,
         "mode": "graph" if graph else "eager",
         "kernels_per_step": total_kernels / steps,
