@@ -41,6 +41,14 @@ class Batch(NamedTuple):
     weights: Tensor  # (B,) importance-sampling weights
 
 
+class Loss(NamedTuple):
+    """What `Learner.loss` leaves for `Learner.gradient`."""
+    loss: Tensor  # () importance-weighted mean cross-entropy, with its autograd graph
+    per_item: Tensor  # (B,) cross-entropy per item, averaged over branches
+    taken: Tensor  # (B, nb, N) online logits of the taken actions
+    returns: Tensor  # (B,) n-step returns of the batch
+
+
 class Gradients(NamedTuple):
     """What `Learner.backward` leaves for `Learner.apply` (the gradient itself is in `Learner.flat_grad`)."""
     loss: Tensor  # () importance-weighted mean cross-entropy, detached
@@ -104,9 +112,15 @@ class Learner:
         return self.apply(self.backward(batch))
 
     def backward(self, batch: Batch | tuple[Tensor, ...]) -> Gradients:
-        """The double-DQN C51 target, the loss and its backward into `flat_grad`. Parameters are only read, so a
-        caller may act with the online net concurrently (trainer/loop/step.py) until `apply`. With `overlap` the
-        online and the target forwards at x' run on two side streams while the online forward at x runs here."""
+        """The double-DQN C51 target, the loss and its backward into `flat_grad`: `gradient(loss(batch))`.
+        Parameters are only read, so a caller may act with the online net concurrently (trainer/loop/step.py)
+        until `apply`."""
+        return self.gradient(self.loss(batch))
+
+    def loss(self, batch: Batch | tuple[Tensor, ...]) -> Loss:
+        """The double-DQN C51 target and the loss, with the autograd graph of the online forward at x. With
+        `overlap` the online and the target forwards at x' run on two side streams while the online forward at
+        x runs on the current one."""
         obs, env_state, actions, returns, discounts, next_obs, next_env_state, weights = batch
         with self.side.fork():
             next_a = self._greedy_actions(next_obs, next_env_state)
@@ -116,11 +130,15 @@ class Learner:
         self.side.join()
         self.side_target.join()
         loss, per_item = self._cross_entropy(taken, next_logits, next_a, returns, discounts, weights)
+        return Loss(loss, per_item, taken, returns)
+
+    def gradient(self, loss: Loss) -> Gradients:
+        """The backward of `loss` into `flat_grad`."""
         # The gradient lands in the flat buffer in one copy (a .backward() would add into each parameter's view:
         # a zero_ and one kernel per tensor). Parameters the loss does not reach get zeros.
-        grads = torch.autograd.grad(loss, self.params, materialize_grads=True)
+        grads = torch.autograd.grad(loss.loss, self.params, materialize_grads=True)
         torch.cat([g.reshape(-1) for g in grads], out=self.flat_grad)
-        return Gradients(loss.detach(), per_item.detach(), taken.detach(), returns)
+        return Gradients(loss.loss.detach(), loss.per_item.detach(), loss.taken.detach(), loss.returns)
 
     def apply(self, grads: Gradients) -> dict[str, Tensor]:
         """Adaptive clip of `flat_grad`, AdamW, Polyak, and the controller and kill-monitor statistics."""

@@ -5,15 +5,17 @@ graph and replayed (`GraphedStep`); host syncs happen only in `read_metrics`, at
 
 Order within a step, and what runs concurrently in graph mode on CUDA (trainer/streams.py):
 
-    main:      sample ─┬─┬─► online forward at x ─┬─► loss ─► backward ─┬─► clip, AdamW, Polyak ─► priorities
-    learner:           │ ├─► online forward at x' ┤  (Learner.backward) │
-    learner:           │ └─► target forward at x' ┘                     │
-    acting:            └─► act ─► simulator step ─► n-step store, replay add
+    main:    sample ─┬─┬─► online fwd at x ─┬─► loss ─┬─► backward ────────────────────────┬─► clip, AdamW ─► prio.
+    learner:         │ └─► online fwd at x' ┤         │   (Learner.gradient)               │
+    learner:         └───► target fwd at x' ┘         │                                    │
+    acting:                                           └─► act ─► sim ─► store, replay add ─┘
 
 The batch is sampled before this step's transitions are added (they can be drawn from the next step on), so acting
-and storing depend on nothing the learner computes before AdamW changes the weights: the chains of small kernels
-overlap on the device. The values do not depend on the overlap (`LoopConfig.overlap`): the host issues the same
-calls, random draws included, in the same order either way. Eager steps run everything on one stream.
+and storing depend on nothing the learner computes before AdamW changes the weights. Acting forks after the loss:
+the three forwards of the batch then share the device only with each other, and acting's large kernels fill the
+device beside the backward's chain of small ones (measured on an H200, docs/BENCHMARKS.md v6). The values do not
+depend on the overlap (`LoopConfig.overlap`): the host issues the same calls, random draws included, in the same
+order either way. Eager steps run everything on one stream.
 """
 from __future__ import annotations
 
@@ -100,13 +102,10 @@ class TrainStep:
         self.dir_counts = dir_counts  # (4,) float32 direction choices this interval (training entropy)
 
     def act_and_store(self) -> None:
-        state = self.state
         with _region("act"):
-            row = state.cursor.clone()  # (n_envs,) decision row observed now
-            env_state = self.sim.env_features(state)  # (n_envs, S)
-            actions = self._act(row, env_state)
+            row, env_state, actions = self._act()
         with _region("sim"):
-            out = self.sim_step(state, actions)
+            out = self.sim_step(self.state, actions)
         with _region("store"):
             self._store(row, env_state, actions, out.reward, out.done, out.truncated)
 
@@ -121,26 +120,32 @@ class TrainStep:
         self.dir_counts += torch.nn.functional.one_hot(actions[:, 0], 4).sum(0)
         self.metrics.sums[6] += reward.mean()
 
-    def _act(self, row: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
-        """Actions (n_envs, n_branches) int64 from the online net, Thompson-sampled on every branch."""
+    def _act(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """The decision rows (n_envs,) observed now, the env state (n_envs, S) the agent sees, and the actions
+        (n_envs, n_branches) int64 from the online net, Thompson-sampled on every branch. The env features are
+        computed here so that, compiled, their two dozen elementwise ops fuse with the rest of acting."""
+        row = self.state.cursor.clone()
+        env_state = self.sim.env_features(self.state)
         if self.table_rows is None:
             obs = gather_windows(self.features, row, self.window)  # (n_envs, W, F)
-            return self.learner.act(obs, env_state, explore=True)
+            return row, env_state, self.learner.act(obs, env_state, explore=True)
         net = self.learner.online
         with torch.no_grad():
             z_table = net.encoder(gather_windows(self.features, self.table_rows, self.window))  # (R, d_model)
             z = z_table.index_select(0, row - self.table_rows[0])  # (n_envs, d_model)
             logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
-            return select_actions(logits, net.support, net.action_mask, explore=True)
+            return row, env_state, select_actions(logits, net.support, net.action_mask, explore=True)
 
     def __call__(self) -> None:
         """One training step (see the module docstring for the order and the overlap)."""
         with _region("sample"):
             idx, batch = self._sample()
+        with _region("update"):
+            loss = self.learner.loss(batch)
         with self.side.fork():
             self.act_and_store()  # reads the online weights; AdamW below waits for it (join)
         with _region("update"):
-            grads = self.learner.backward(batch)
+            grads = self.learner.gradient(loss)
             self.side.join()
             out = self.learner.apply(grads)
         with _region("priorities"):
