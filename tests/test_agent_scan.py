@@ -1,7 +1,6 @@
-"""The fused Mamba inner part (trainer/agent/scan_fused.py: Δ, selective scan, skip, gate) against its PyTorch
-reference with the sequential scan: values and every gradient, at every position and at the last only, on CPU
-through Triton's interpreter and on CUDA with the compiled kernels, plus determinism and CUDA-graph replay of the
-whole network with the fused kernels."""
+"""The fused selective scan (trainer/agent/scan_fused.py) against the sequential PyTorch reference: values and
+every gradient, on CPU through Triton's interpreter and on CUDA with the compiled kernels, plus determinism and
+CUDA-graph replay of the whole network with the fused scan."""
 from __future__ import annotations
 
 import os
@@ -13,58 +12,46 @@ import pytest
 import torch
 
 from trainer.agent.config import AgentConfig
-from trainer.agent.network import MambaBlock, QNetwork, mamba_inner_reference
+from trainer.agent.network import QNetwork, selective_scan_fused, selective_scan_sequential
 
-# (Bt, L, D, N, R): one channel block; D not a power of two (masked lanes); several channel blocks (partials
-# summed); N and R not powers of two; L = 1.
-SHAPES = [(3, 5, 8, 4, 2), (2, 7, 40, 16, 3), (2, 3, 300, 16, 4), (2, 4, 6, 3, 1), (4, 1, 8, 4, 2)]
-NAMES = ("out", "du", "dx_dbl", "ddt_weight", "ddt_bias", "dA", "dD", "dz")
+# (Bt, L, D, N): one channel block; D not a power of two (masked lanes); several channel blocks (partials summed);
+# N not a power of two; L = 1.
+SHAPES = [(3, 5, 8, 4), (2, 7, 40, 16), (2, 3, 300, 16), (2, 4, 6, 3), (4, 1, 8, 4)]
 
 
-def inner_inputs(bt: int, length: int, d: int, n: int, r: int, last_only: bool, device: str = "cpu",
-                 seed: int = 0) -> tuple:
-    """Inputs as a Mamba block makes them. z is a column slice of a wider tensor (as of the in-projection's
-    output), so the kernels see z with strides that are not its shape's."""
+def scan_inputs(bt: int, length: int, d: int, n: int, device: str = "cpu", seed: int = 0) -> tuple[torch.Tensor, ...]:
     g = torch.Generator().manual_seed(seed)
     u = torch.randn(bt, length, d, generator=g)
-    x_dbl = torch.randn(bt, length, r + 2 * n, generator=g)
-    dt_weight = torch.randn(d, r, generator=g) * 0.5
-    dt_bias = torch.randn(d, generator=g) - 2.0  # Δ mostly small, as Mamba initialises it
+    delta = torch.nn.functional.softplus(torch.randn(bt, length, d, generator=g))  # > 0 as in the network
     a = -torch.rand(d, n, generator=g) * 2 - 0.1  # < 0 as in the network
+    b, c = torch.randn(bt, length, n, generator=g), torch.randn(bt, length, n, generator=g)
     dd = torch.randn(d, generator=g)
-    wide = torch.randn(bt, 2 * d, generator=g) if last_only else torch.randn(bt, length, 2 * d, generator=g)
-    leaves = [x.to(device).requires_grad_() for x in (u, x_dbl, dt_weight, dt_bias, a, dd, wide)]
-    z = leaves[-1][..., d:]
-    return (*leaves[:-1], z, last_only), leaves
+    return tuple(x.to(device).requires_grad_() for x in (u, delta, a, b, c, dd))
 
 
-def values_and_grads(inner, args, leaves) -> list[torch.Tensor]:
-    out = inner(*args)
-    # A non-linear loss so that dout differs per position and channel.
-    grads = torch.autograd.grad((out * torch.cos(out)).sum(), leaves)
-    return [out.detach(), *grads[:-1], grads[-1][..., args[0].shape[-1]:]]
+def values_and_grads(scan, args) -> list[torch.Tensor]:
+    y = scan(*args)
+    # A non-linear loss so that dy differs per position and channel.
+    return [y.detach(), *torch.autograd.grad((y * torch.cos(y)).sum(), args)]
 
 
-def assert_matches_reference(args, leaves) -> None:
-    from trainer.agent import scan_fused
-
-    got = values_and_grads(scan_fused.mamba_inner, args, leaves)
-    want = values_and_grads(mamba_inner_reference, args, leaves)
-    for name, g, w in zip(NAMES, got, want):
+def assert_matches_reference(args) -> None:
+    got = values_and_grads(selective_scan_fused, args)
+    want = values_and_grads(selective_scan_sequential, args)
+    for name, g, w in zip(("y", "du", "ddelta", "dA", "dB", "dC", "dD"), got, want):
         torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-5 * float(w.abs().max()), msg=name)
 
 
-def test_fused_inner_matches_reference_values_and_gradients_in_triton_interpreter():
+def test_fused_scan_matches_sequential_reference_values_and_gradients_in_triton_interpreter():
     pytest.importorskip("triton", reason="Triton is not installed (it comes with CUDA builds of PyTorch)")
     # The interpreter is chosen when the kernels are defined, so it runs in a fresh process.
-    code = textwrap.dedent("""
+    code = textwrap.dedent(f"""
         import torch
         from trainer.agent import scan_fused
         assert scan_fused.available(torch.device("cpu"))
-        from tests.test_agent_scan import SHAPES, assert_matches_reference, inner_inputs
+        from tests.test_agent_scan import SHAPES, assert_matches_reference, scan_inputs
         for i, shape in enumerate(SHAPES):
-            for last_only in (False, True):
-                assert_matches_reference(*inner_inputs(*shape, last_only, seed=i))
+            assert_matches_reference(scan_inputs(*shape, seed=i))
         print("ok", len(SHAPES))
     """)
     env = {**os.environ, "TRITON_INTERPRET": "1", "PYTHONPATH": os.getcwd()}
@@ -72,36 +59,28 @@ def test_fused_inner_matches_reference_values_and_gradients_in_triton_interprete
     assert proc.returncode == 0 and f"ok {len(SHAPES)}" in proc.stdout, proc.stderr[-3000:]
 
 
-def test_fused_block_falls_back_to_the_sequential_scan_where_triton_cannot_run():
+def test_fused_scan_falls_back_to_the_sequential_scan_where_triton_cannot_run():
     from trainer.agent import scan_fused
 
     if scan_fused.INTERPRET:
         pytest.skip("TRITON_INTERPRET=1 runs the kernels on CPU: no fallback to check")
     assert not scan_fused.available(torch.device("cpu"))  # CPU tensors never reach a compiled kernel
-    torch.manual_seed(0)
-    fused, sequential = MambaBlock(16, 4, 4, 2, scan="fused"), MambaBlock(16, 4, 4, 2, scan="sequential")
-    sequential.load_state_dict(fused.state_dict())
-    x = torch.randn(3, 6, 16)
-    for last_only in (False, True):
-        torch.testing.assert_close(fused(x, last_only), sequential(x, last_only), rtol=0, atol=0)
+    args = scan_inputs(2, 5, 8, 4)
+    for g, w in zip(values_and_grads(selective_scan_fused, args), values_and_grads(selective_scan_sequential, args)):
+        torch.testing.assert_close(g, w)
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("last_only", [False, True])
-@pytest.mark.parametrize("shape", SHAPES + [(256, 32, 128, 16, 4), (1024, 32, 128, 16, 4)])
-def test_fused_inner_on_cuda_matches_reference(shape, last_only):
+@pytest.mark.parametrize("shape", SHAPES + [(256, 32, 128, 16), (1024, 32, 128, 16)])
+def test_fused_scan_on_cuda_matches_sequential_reference(shape):
     torch.backends.cuda.matmul.allow_tf32 = False
-    assert_matches_reference(*inner_inputs(*shape, last_only, device="cuda"))
+    assert_matches_reference(scan_inputs(*shape, device="cuda"))
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("last_only", [False, True])
-def test_fused_inner_on_cuda_is_deterministic_bit_for_bit(last_only):
-    from trainer.agent import scan_fused
-
-    args, leaves = inner_inputs(64, 32, 128, 16, 4, last_only, device="cuda")
-    first = values_and_grads(scan_fused.mamba_inner, args, leaves)
-    second = values_and_grads(scan_fused.mamba_inner, args, leaves)
+def test_fused_scan_on_cuda_is_deterministic_bit_for_bit():
+    args = scan_inputs(64, 32, 128, 16, device="cuda")
+    first, second = values_and_grads(selective_scan_fused, args), values_and_grads(selective_scan_fused, args)
     for a, b in zip(first, second):
         assert torch.equal(a, b)
 

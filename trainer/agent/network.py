@@ -87,22 +87,12 @@ def selective_scan_parallel(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: T
     return (b * C.unsqueeze(2)).sum(-1) + u * D  # (Bt, L, D)
 
 
-SCANS = {"parallel": selective_scan_parallel, "sequential": selective_scan_sequential}
-"""The PyTorch scans by `AgentConfig.scan` name; 'fused' is `scan_fused.mamba_inner` where it can run, else
-'sequential'."""
-
-
-def mamba_inner_reference(u: Tensor, x_dbl: Tensor, dt_weight: Tensor, dt_bias: Tensor, A: Tensor, D: Tensor,
-                          z: Tensor, last_only: bool = False, scan=selective_scan_sequential) -> Tensor:
-    """A Mamba block between its conv and its out-projection, in PyTorch ops: Δ = softplus(W_Δ r + b_Δ) from the
-    x-projection's output x_dbl = [r | B | C], y = scan(u, Δ, A, B, C) + D u, out = y ⊙ silu(z), at every position
-    or, when `last_only`, at the last (z then (Bt, D)). What `scan_fused.mamba_inner` computes in one kernel."""
-    dt, B, C = x_dbl.split([dt_weight.shape[1], A.shape[1], A.shape[1]], dim=-1)
-    delta = F.softplus(F.linear(dt, dt_weight, dt_bias))  # (Bt, L, D), > 0
-    y = scan(u, delta, A, B, C, D)  # (Bt, L, D)
-    if last_only:
-        y = y[:, -1]
-    return y * F.silu(z)
+def selective_scan_fused(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor) -> Tensor:
+    """Same result as `selective_scan_sequential`, by the fused Triton kernels where they can run (CUDA),
+    else by the sequential scan (trainer/agent/scan_fused.py)."""
+    if not scan_fused.available(u.device):
+        return selective_scan_sequential(u, delta, A, B, C, D)
+    return scan_fused.fused_scan(u, delta, A, B, C) + u * D
 
 
 def causal_depthwise_conv(u: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
@@ -124,7 +114,8 @@ class MambaBlock(nn.Module):
 
     def __init__(self, d_model: int, d_state: int, d_conv: int, expand: int, scan: str = "fused"):
         super().__init__()
-        self.scan = scan  # 'fused', or a name in SCANS
+        self.scan = {"fused": selective_scan_fused, "parallel": selective_scan_parallel,
+                     "sequential": selective_scan_sequential}[scan]
         d_inner = expand * d_model
         self.d_inner, self.d_state = d_inner, d_state
         self.dt_rank = math.ceil(d_model / 16)
@@ -151,14 +142,13 @@ class MambaBlock(nn.Module):
         else:
             u, z = self.in_proj(x).chunk(2, dim=-1)  # (Bt, L, d_inner) each
         u = F.silu(causal_depthwise_conv(u, self.conv.weight, self.conv.bias))  # (Bt, L, d_inner)
-        x_dbl = self.x_proj(u)  # (Bt, L, dt_rank + 2 d_state): [Δ's low-rank input | B | C]
+        dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
+        delta = F.softplus(self.dt_proj(dt))  # (Bt, L, d_inner), > 0
         A = -torch.exp(self.A_log)  # (d_inner, N), < 0
-        args = (u, x_dbl, self.dt_proj.weight, self.dt_proj.bias, A, self.D, z, last_only)
-        if self.scan == "fused" and scan_fused.available(u.device):
-            y = scan_fused.mamba_inner(*args)
-        else:
-            y = mamba_inner_reference(*args, scan=SCANS.get(self.scan, selective_scan_sequential))
-        return self.out_proj(y)  # (Bt, L, d_model), or (Bt, d_model) when last_only
+        y = self.scan(u, delta, A, B, C, self.D)  # (Bt, L, d_inner)
+        if last_only:
+            y = y[:, -1]
+        return self.out_proj(y * F.silu(z))
 
 
 class MambaEncoder(nn.Module):
