@@ -27,10 +27,16 @@ from collections.abc import Iterator
 import torch
 
 
+HIGH_PRIORITY, LOW_PRIORITY = -1, 0
+"""CUDA stream priorities (lower is more urgent): when SMs free up, the block scheduler starts waiting blocks of a
+high-priority stream's kernels before those of a low-priority one. A CUDA graph keeps each captured kernel's
+priority (PyTorch instantiates graphs with cudaGraphInstantiateFlagUseNodePriority)."""
+
+
 class SideStream:
-    def __init__(self, device: torch.device | str, enabled: bool = True):
+    def __init__(self, device: torch.device | str, enabled: bool = True, priority: int = LOW_PRIORITY):
         device = torch.device(device)
-        self.stream = torch.cuda.Stream(device) if enabled and device.type == "cuda" else None
+        self.stream = torch.cuda.Stream(device, priority=priority) if enabled and device.type == "cuda" else None
 
     @contextlib.contextmanager
     def fork(self) -> Iterator[None]:

@@ -24,7 +24,7 @@ from trainer.agent.config import AgentConfig
 from trainer.agent.controllers import Controllers
 from trainer.agent.kill import KillMonitor
 from trainer.agent.network import QNetwork, expected_q
-from trainer.streams import SideStream
+from trainer.streams import HIGH_PRIORITY, SideStream
 
 OPTIM_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
@@ -65,8 +65,9 @@ class Learner:
         (trainer/streams.py; same values, nothing on CPU)."""
         self.cfg = cfg
         self.device = torch.device(device)
-        self.side = SideStream(self.device, enabled=overlap)  # the online net's forward at x'
-        self.side_target = SideStream(self.device, enabled=overlap)  # the target net's forward at x'
+        # The online and the target net's forwards at x', on the learner's priority (the step's critical path).
+        self.side = SideStream(self.device, enabled=overlap, priority=HIGH_PRIORITY)
+        self.side_target = SideStream(self.device, enabled=overlap, priority=HIGH_PRIORITY)
         self.online = net.to(self.device)
         self.target = copy.deepcopy(self.online).requires_grad_(False)
         self.params = list(self.online.parameters())

@@ -11,11 +11,12 @@ Order within a step, and what runs concurrently in graph mode on CUDA (trainer/s
     acting:                                           └─► act ─► sim ─► store, replay add ─┘
 
 The batch is sampled before this step's transitions are added (they can be drawn from the next step on), so acting
-and storing depend on nothing the learner computes before AdamW changes the weights. Acting forks after the loss:
-the three forwards of the batch then share the device only with each other, and acting's large kernels fill the
-device beside the backward's chain of small ones (measured on an H200, docs/BENCHMARKS.md v6). The values do not
-depend on the overlap (`LoopConfig.overlap`): the host issues the same calls, random draws included, in the same
-order either way. Eager steps run everything on one stream.
+and storing depend on nothing the learner computes before AdamW changes the weights. Acting forks after the loss,
+so the batch's three forwards share the device only with each other; acting then runs beside the backward, on a
+low-priority stream, while the learner's streams have high priority: the learner's chain of small kernels is the
+step's critical path (docs/BENCHMARKS.md v6 measures each part of this). The values do not depend on the overlap
+(`LoopConfig.overlap`): the host issues the same calls, random draws included, in the same order either way. Eager
+steps run everything on one stream.
 """
 from __future__ import annotations
 
@@ -27,7 +28,7 @@ from trainer.agent.act import select_actions
 from trainer.agent.learner import Batch, Learner
 from trainer.agent.replay import NStepAccumulator, PrioritizedReplay
 from trainer.sim import Simulator
-from trainer.streams import SideStream
+from trainer.streams import HIGH_PRIORITY, LOW_PRIORITY, SideStream
 
 
 REGIONS = ("act", "sim", "store", "sample", "update", "priorities")
@@ -74,7 +75,9 @@ class TrainStep:
                  replay: PrioritizedReplay, window: int, batch_size: int, dir_counts: torch.Tensor,
                  row_range: tuple[int, int] | None = None, compile: str = "none", overlap: bool = True):
         self.features, self.sim, self.state = features, sim, state
-        self.side = SideStream(features.device, enabled=overlap)  # acting runs here while the learner computes
+        # Acting runs here while the learner computes, at low priority: the learner's chain of small kernels is the
+        # step's critical path, and acting's large kernels fill what it leaves of the device.
+        self.side = SideStream(features.device, enabled=overlap, priority=LOW_PRIORITY)
         # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all', the
         # acting path, storing, sampling and the learner's tensor-only pieces. Compiled on the first eager step,
         # so a graph capture afterwards records the compiled kernels.
@@ -177,7 +180,10 @@ class GraphedStep:
         self.step = step
         torch.cuda.synchronize()
         self.graph = torch.cuda.CUDAGraph()
-        with torch.cuda.graph(self.graph):
+        # Captured on a high-priority stream: the learner's kernels (this stream and its side streams) are then
+        # scheduled ahead of acting's (trainer/streams.py).
+        capture = torch.cuda.Stream(step.features.device, priority=HIGH_PRIORITY)
+        with torch.cuda.graph(self.graph, stream=capture):
             step()
 
     def __call__(self) -> None:
