@@ -29,8 +29,9 @@ import torch
 
 HIGH_PRIORITY, LOW_PRIORITY = -1, 0
 """CUDA stream priorities (lower is more urgent): when SMs free up, the block scheduler starts waiting blocks of a
-high-priority stream's kernels before those of a low-priority one. A CUDA graph keeps each captured kernel's
-priority (PyTorch instantiates graphs with cudaGraphInstantiateFlagUseNodePriority)."""
+high-priority stream's kernels before those of a low-priority one. A captured kernel keeps its stream's priority in
+the graph when the graph is instantiated with cudaGraphInstantiateFlagUseNodePriority, as PyTorch does (pytorch
+PR 167346); on an H200 with torch 2.11 the priorities took the graphed training step from 1.197 to 1.176 ms."""
 
 
 class SideStream:
