@@ -42,18 +42,11 @@ class Batch(NamedTuple):
 
 
 class Loss(NamedTuple):
-    """What `Learner.loss` leaves for `Learner.gradient`."""
-    loss: Tensor  # () importance-weighted mean cross-entropy, with its autograd graph
-    per_item: Tensor  # (B,) cross-entropy per item, averaged over branches
-    taken: Tensor  # (B, nb, N) online logits of the taken actions
-    returns: Tensor  # (B,) n-step returns of the batch
-
-
-class Gradients(NamedTuple):
-    """What `Learner.backward` leaves for `Learner.apply` (the gradient itself is in `Learner.flat_grad`)."""
-    loss: Tensor  # () importance-weighted mean cross-entropy, detached
+    """What `Learner.loss` leaves for `Learner.gradient` (with the autograd graph), and `gradient` for `apply`
+    (detached: the gradient itself is then in `Learner.flat_grad`)."""
+    loss: Tensor  # () importance-weighted mean cross-entropy
     per_item: Tensor  # (B,) cross-entropy per item, averaged over branches (the new priorities)
-    taken: Tensor  # (B, nb, N) online logits of the taken actions, detached
+    taken: Tensor  # (B, nb, N) online logits of the taken actions
     returns: Tensor  # (B,) n-step returns of the batch
 
 
@@ -112,7 +105,7 @@ class Learner:
         clip, tau, td_error_mean) and `priorities` (B,), the per-item cross-entropy for the replay."""
         return self.apply(self.backward(batch))
 
-    def backward(self, batch: Batch | tuple[Tensor, ...]) -> Gradients:
+    def backward(self, batch: Batch | tuple[Tensor, ...]) -> Loss:
         """The double-DQN C51 target, the loss and its backward into `flat_grad`: `gradient(loss(batch))`.
         Parameters are only read, so a caller may act with the online net concurrently (trainer/loop/step.py)
         until `apply`."""
@@ -133,15 +126,15 @@ class Learner:
         loss, per_item = self._cross_entropy(taken, next_logits, next_a, returns, discounts, weights)
         return Loss(loss, per_item, taken, returns)
 
-    def gradient(self, loss: Loss) -> Gradients:
-        """The backward of `loss` into `flat_grad`."""
+    def gradient(self, loss: Loss) -> Loss:
+        """The backward of `loss` into `flat_grad`; returns the loss terms detached."""
         # The gradient lands in the flat buffer in one copy (a .backward() would add into each parameter's view:
         # a zero_ and one kernel per tensor). Parameters the loss does not reach get zeros.
         grads = torch.autograd.grad(loss.loss, self.params, materialize_grads=True)
         torch.cat([g.reshape(-1) for g in grads], out=self.flat_grad)
-        return Gradients(loss.loss.detach(), loss.per_item.detach(), loss.taken.detach(), loss.returns)
+        return Loss(*(t.detach() for t in loss))
 
-    def apply(self, grads: Gradients) -> dict[str, Tensor]:
+    def apply(self, grads: Loss) -> dict[str, Tensor]:
         """Adaptive clip of `flat_grad`, AdamW, Polyak, and the controller and kill-monitor statistics."""
         grad_norm, clip, lr, tau = self._clip_gradient()
         self.optimizer.step()
