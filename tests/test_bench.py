@@ -3,7 +3,8 @@ from __future__ import annotations
 
 import json
 
-from trainer.bench import main, profile_step
+from trainer import bench
+from trainer.bench import PIECES, main, profile_step, time_pieces
 from trainer.loop.step import REGIONS
 
 
@@ -32,3 +33,34 @@ def test_profile_attributes_every_op_of_a_step_to_a_region() -> None:
     for name in ("act", "sim", "store", "sample", "update", "priorities"):
         assert regions[name]["kernels"] > 0, name  # every labelled part of the step ran ops
     assert r["top_kernels"] and all(k["calls_per_step"] > 0 for k in r["top_kernels"])
+
+
+def test_pieces_times_every_piece_of_a_step_and_each_piece_runs_the_learner_as_named(capsys) -> None:
+    assert main(["--pieces", "--n-envs", "16", "--steps", "2", "--device", "cpu", "--preset", "smoke",
+                 "--window-rows", "400", "--json"]) == 0
+    r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+    assert r["bench"] == "pieces" and r["mode"] == "eager"  # --mode both on CPU: eager
+    assert list(r["ms"]) == list(PIECES) and all(v > 0 for v in r["ms"].values())
+
+
+def test_pieces_in_graph_mode_on_cpu_exits_2_with_one_line_error(capsys) -> None:
+    assert main(["--pieces", "--n-envs", "16", "--steps", "2", "--device", "cpu", "--preset", "smoke",
+                 "--mode", "graph"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "graph mode needs" in err[0]
+
+
+def test_pieces_update_the_learner_once_per_call_of_a_piece_that_learns(monkeypatch) -> None:
+    """Each learning piece really runs an update: step, learner, apply (2 warm-up + 3 timed calls each), and the
+    one `backward` that makes apply's gradient, which updates nothing; act_and_store, sample, loss_gradient none."""
+    seen = {}
+    real = bench._bench_trainer
+
+    def spy(*args, **kwargs):
+        trainer = real(*args, **kwargs)
+        seen["learner"], seen["before"] = trainer.step_fn.learner, int(trainer.step_fn.learner.update_step)
+        return trainer
+
+    monkeypatch.setattr(bench, "_bench_trainer", spy)
+    time_pieces(16, 3, "cpu", "smoke", window_rows=400)
+    assert int(seen["learner"].update_step) - seen["before"] == 3 * (2 + 3)

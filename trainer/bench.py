@@ -4,6 +4,7 @@
     python -m trainer.bench --n-envs N --steps S --mode eager|graph|both --device D [--preset h100] [--json]
     python -m trainer.bench --profile --n-envs N --device D [--compile sim|all]      [--mode graph]   (kernels per step)
     python -m trainer.bench --sweep [--n-envs-list 256,1024,4096,16384] --device cuda     (the issue-8 table)
+    python -m trainer.bench --pieces --n-envs N --device D [--compile all] [--mode graph]  (ms per piece of a step)
 
 --sim-only times `Simulator.step` alone (random actions on a random, well-formed DecisionTape) and reports
 env steps/s = n_envs x steps / seconds. On CUDA the step is captured once in a CUDA graph and replayed.
@@ -288,6 +289,87 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
     }
 
 
+PIECES = ("step", "learner", "act_and_store", "sample", "loss_gradient", "apply")
+"""Pieces of one training step that `time_pieces` times alone: the whole step; the learner's chain without acting
+(sample → loss → gradient → AdamW etc. → priorities); acting + simulator + store; the prioritised sample with its
+windows; the loss and its backward on one fixed batch (the three forwards and the gradient); and the update after
+the gradient (clip, AdamW, Polyak, statistics)."""
+
+
+def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100", mode: str = "eager",
+                window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None, compile: str = "none",
+                overlap: bool = True) -> dict:
+    """Milliseconds per call of each of `PIECES`, each timed alone over `steps` calls. With mode='graph' (CUDA) each
+    piece is captured as its own CUDA graph, on a high-priority stream as `GraphedStep` captures the step, and timed
+    by CUDA events around its replays: what the device spends on that piece with no other piece beside it, without
+    a profiler's per-kernel overhead. With mode='eager' (any device) the pieces run eagerly, timed by the host clock.
+
+    A piece's time alone minus its share of the step says how much the others hide it; the learner's chain alone
+    bounds the step from below however well acting overlaps it (docs/BENCHMARKS.md, v6 and v7)."""
+    from trainer.agent.learner import Batch
+    from trainer.streams import HIGH_PRIORITY
+
+    dev = torch.device(device)
+    if mode not in ("eager", "graph"):
+        raise ValueError(f"mode must be eager or graph, got {mode!r}")
+    if mode == "graph" and dev.type != "cuda":
+        raise ValueError("graph mode needs --device cuda")
+    torch.manual_seed(0)
+    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, overlap=overlap, mode=mode)
+    step = trainer.step_fn
+    learner = step.learner
+    _, sampled = step._sample()
+    batch = Batch(*(t.clone() for t in sampled))  # the loss_gradient piece's fixed batch (static for a graph)
+    grads = learner.backward(batch)  # what the apply piece applies, again and again
+
+    def learner_chain() -> None:
+        idx, b = step._sample()
+        step._priorities(idx, learner.apply(learner.backward(b)))
+
+    pieces = {"step": step, "learner": learner_chain, "act_and_store": step.act_and_store, "sample": step._sample,
+              "loss_gradient": lambda: learner.backward(batch), "apply": lambda: learner.apply(grads)}
+    ms = {}
+    for name in PIECES:
+        fn = pieces[name]
+        for _ in range(2):
+            fn()  # warm: compiles a piece called alone for the first time, settles the allocator
+        if mode == "graph":
+            torch.cuda.synchronize(dev)
+            graph = torch.cuda.CUDAGraph()
+            with torch.cuda.graph(graph, stream=torch.cuda.Stream(dev, priority=HIGH_PRIORITY)):
+                fn()
+            for _ in range(5):
+                graph.replay()
+            start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+            start.record()
+            for _ in range(steps):
+                graph.replay()
+            end.record()
+            torch.cuda.synchronize(dev)  # host sync: end of the timed region only
+            ms[name] = start.elapsed_time(end) / steps
+        else:
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)
+            t0 = time.perf_counter()
+            for _ in range(steps):
+                fn()
+            if dev.type == "cuda":
+                torch.cuda.synchronize(dev)  # host sync: end of the timed region only
+            ms[name] = (time.perf_counter() - t0) * 1e3 / steps
+    return {"bench": "pieces", "mode": mode, "preset": preset_name, "n_envs": n_envs, "steps": steps,
+            "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "compile": compile,
+            "overlap": step.side.stream is not None, "ms": ms, "torch": torch.__version__}
+
+
+def print_pieces(r: dict) -> None:
+    print(f"pieces of a step: preset {r['preset']}, n_envs {r['n_envs']:,}, compile {r['compile']}, "
+          f"overlap {r['overlap']}, {r['mode']}, {r['steps']} calls each")
+    print("| piece | ms per call |")
+    print("|---|---:|")
+    for name, value in r["ms"].items():
+        print(f"| {name} | {value:.3f} |")
+
+
 def print_profile(r: dict) -> None:
     print(f"profile: preset {r['preset']}, n_envs {r['n_envs']:,}, compile {r['compile']}, overlap {r['overlap']}, "
           f"{r['steps']} {r['mode']} steps")
@@ -352,6 +434,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--profile", action="store_true",
                         help="full step: kernels and device time per step region (torch.profiler); with --mode graph, "
                              "of graph replays")
+    parser.add_argument("--pieces", action="store_true",
+                        help="time each piece of a step alone (graph replays on CUDA with --mode graph or both)")
     parser.add_argument("--sweep", action="store_true", help="full step over --n-envs-list, eager and graph")
     parser.add_argument("--n-envs-list", default="256,1024,4096,16384", help="n_envs values for --sweep")
     parser.add_argument("--window-rows", type=int, default=DEFAULT_WINDOW_ROWS,
@@ -367,6 +451,13 @@ def main(argv: list[str] | None = None) -> int:
             r = profile_step(args.n_envs, args.device, args.preset, window_rows=args.window_rows, agent=agent,
                              compile=args.compile, graph=args.mode == "graph", overlap=not args.no_overlap)
             print(json.dumps(r)) if args.json else print_profile(r)
+            return 0
+        if args.pieces:
+            mode = "graph" if args.mode == "both" and torch.device(args.device).type == "cuda" else args.mode
+            mode = "eager" if mode == "both" else mode
+            r = time_pieces(args.n_envs, args.steps, args.device, args.preset, mode, args.window_rows, agent,
+                            args.compile, overlap=not args.no_overlap)
+            print(json.dumps(r)) if args.json else print_pieces(r)
             return 0
         if args.sweep:
             rows = sweep(args.device, [int(x) for x in args.n_envs_list.split(",")], args.steps, args.preset,
