@@ -22,5 +22,7 @@ if [ "$what" != tests ]; then
   for n in 1024 16384; do
     timeout 120 python3 -m trainer.bench --sim-only --n-envs $n --steps 2000 --device cuda --json | tee -a "$out/bench.log"
   done
-  timeout 400 python3 -m trainer.bench --sweep --steps 300 --device cuda 2>&1 | tee "$out/sweep.log" | tail -14
+  timeout 600 python3 -m trainer.bench --sweep --steps 300 --device cuda --compile all 2>&1 | tee "$out/sweep.log" | tail -14
+  timeout 300 python3 -m trainer.bench --pieces --n-envs 1024 --steps 300 --device cuda --compile all 2>&1 \
+    | tee "$out/pieces.log" | tail -9
 fi
