@@ -35,7 +35,7 @@ def test_profile_attributes_every_op_of_a_step_to_a_region() -> None:
     assert r["top_kernels"] and all(k["calls_per_step"] > 0 for k in r["top_kernels"])
 
 
-def test_pieces_times_every_piece_of_a_step_and_each_piece_runs_the_learner_as_named(capsys) -> None:
+def test_pieces_prints_one_json_line_with_a_time_for_every_piece(capsys) -> None:
     assert main(["--pieces", "--n-envs", "16", "--steps", "2", "--device", "cpu", "--preset", "smoke",
                  "--window-rows", "400", "--json"]) == 0
     r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])

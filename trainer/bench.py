@@ -453,8 +453,8 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(r)) if args.json else print_profile(r)
             return 0
         if args.pieces:
-            mode = "graph" if args.mode == "both" and torch.device(args.device).type == "cuda" else args.mode
-            mode = "eager" if mode == "both" else mode
+            on_cuda = torch.device(args.device).type == "cuda"
+            mode = args.mode if args.mode != "both" else ("graph" if on_cuda else "eager")
             r = time_pieces(args.n_envs, args.steps, args.device, args.preset, mode, args.window_rows, agent,
                             args.compile, overlap=not args.no_overlap)
             print(json.dumps(r)) if args.json else print_pieces(r)
