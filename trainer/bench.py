@@ -300,14 +300,14 @@ def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100",
                 window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None, compile: str = "none",
                 overlap: bool = True) -> dict:
     """Milliseconds per call of each of `PIECES`, each timed alone over `steps` calls. With mode='graph' (CUDA) each
-    piece is captured as its own CUDA graph, on a high-priority stream as `GraphedStep` captures the step, and timed
+    piece is captured as its own CUDA graph the way `GraphedStep` captures the step (`capture_graph`), and timed
     by CUDA events around its replays: what the device spends on that piece with no other piece beside it, without
     a profiler's per-kernel overhead. With mode='eager' (any device) the pieces run eagerly, timed by the host clock.
 
     A piece's time alone minus its share of the step says how much the others hide it; the learner's chain alone
     bounds the step from below however well acting overlaps it (docs/BENCHMARKS.md, v6 and v7)."""
     from trainer.agent.learner import Batch
-    from trainer.streams import HIGH_PRIORITY
+    from trainer.loop.step import capture_graph
 
     dev = torch.device(device)
     if mode not in ("eager", "graph"):
@@ -334,10 +334,7 @@ def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100",
         for _ in range(2):
             fn()  # warm: compiles a piece called alone for the first time, settles the allocator
         if mode == "graph":
-            torch.cuda.synchronize(dev)
-            graph = torch.cuda.CUDAGraph()
-            with torch.cuda.graph(graph, stream=torch.cuda.Stream(dev, priority=HIGH_PRIORITY)):
-                fn()
+            graph = capture_graph(fn, dev)
             for _ in range(5):
                 graph.replay()
             start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)

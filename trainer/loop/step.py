@@ -20,6 +20,7 @@ steps run everything on one stream.
 """
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
@@ -169,6 +170,16 @@ class TrainStep:
         self.metrics.count += 1
 
 
+def capture_graph(fn: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:
+    """`fn()` captured once as a CUDA graph (not run), on a high-priority stream: the learner's kernels (this stream
+    and its side streams) are then scheduled ahead of acting's (trainer/streams.py)."""
+    torch.cuda.synchronize(device)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph, stream=torch.cuda.Stream(device, priority=HIGH_PRIORITY)):
+        fn()
+    return graph
+
+
 class GraphedStep:
     """The whole TrainStep captured once as a CUDA graph and replayed (static buffers, graph-safe RNG)."""
 
@@ -178,13 +189,7 @@ class GraphedStep:
         if step.features.device.type != "cuda":
             raise ValueError("graph mode needs a CUDA device; use mode=eager on CPU")
         self.step = step
-        torch.cuda.synchronize()
-        self.graph = torch.cuda.CUDAGraph()
-        # Captured on a high-priority stream: the learner's kernels (this stream and its side streams) are then
-        # scheduled ahead of acting's (trainer/streams.py).
-        capture = torch.cuda.Stream(step.features.device, priority=HIGH_PRIORITY)
-        with torch.cuda.graph(self.graph, stream=capture):
-            step()
+        self.graph = capture_graph(step, step.features.device)
 
     def __call__(self) -> None:
         self.graph.replay()
