@@ -46,85 +46,99 @@ if triton is not None:
 
     @triton.jit
     def _scan_fwd(u_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr, hs_ptr, L, D, N,
-                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SAVE: tl.constexpr):
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SAVE: tl.constexpr, EVEN: tl.constexpr):
         seq = tl.program_id(0)
         offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
         offs_n = tl.arange(0, BLOCK_N)
-        mask_d, mask_n = offs_d < D, offs_n < N
-        mask_dn = mask_d[:, None] & mask_n[None, :]
-        a = tl.load(a_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)  # (BD, BN)
+        off_dn = offs_d[:, None] * N + offs_n[None, :]
+        # EVEN (D a multiple of BLOCK_D, N == BLOCK_N): no masks at all. The walk issues few instructions per
+        # state and step, so masks and per-element address arithmetic are a real share of its time.
+        if EVEN:
+            mask_d, mask_n, mask_dn, zero = None, None, None, None
+        else:
+            zero = 0.0
+            mask_d, mask_n = offs_d < D, offs_n < N
+            mask_dn = mask_d[:, None] & mask_n[None, :]
+        # exp(Δ A) as exp2(Δ · A log2 e): one multiply fewer per state and step than tl.exp.
+        a2 = tl.load(a_ptr + off_dn, mask=mask_dn, other=zero) * 1.4426950408889634  # (BD, BN)
         h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
         # Software prefetch: step t+1's inputs are loaded before step t is computed, so the loads' latency
-        # overlaps the arithmetic instead of stalling every step of the dependent walk.
+        # overlaps the arithmetic instead of stalling every step of the dependent walk. The last step reloads
+        # its own row (a scalar clamp, no mask).
         row = seq * L
-        u_next = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-        dt_next = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-        b_next = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=0.0)
-        c_next = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=0.0)
+        u_next = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=zero)
+        dt_next = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=zero)
+        b_next = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=zero)
+        c_next = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=zero)
         for t in range(L):
             row = seq * L + t
+            nxt = seq * L + tl.minimum(t + 1, L - 1)
             u, dt, bb, cc = u_next, dt_next, b_next, c_next
-            # Masks as vectors (offs * 0 + t): a scalar condition in a mask trips the interpreter.
-            more_d, more_n = mask_d & (offs_d * 0 + t + 1 < L), mask_n & (offs_n * 0 + t + 1 < L)
-            u_next = tl.load(u_ptr + (row + 1) * D + offs_d, mask=more_d, other=0.0)
-            dt_next = tl.load(dt_ptr + (row + 1) * D + offs_d, mask=more_d, other=0.0)
-            b_next = tl.load(b_ptr + (row + 1) * N + offs_n, mask=more_n, other=0.0)
-            c_next = tl.load(c_ptr + (row + 1) * N + offs_n, mask=more_n, other=0.0)
-            h = tl.exp(dt[:, None] * a) * h + (dt * u)[:, None] * bb[None, :]
+            u_next = tl.load(u_ptr + nxt * D + offs_d, mask=mask_d, other=zero)
+            dt_next = tl.load(dt_ptr + nxt * D + offs_d, mask=mask_d, other=zero)
+            b_next = tl.load(b_ptr + nxt * N + offs_n, mask=mask_n, other=zero)
+            c_next = tl.load(c_ptr + nxt * N + offs_n, mask=mask_n, other=zero)
+            h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bb[None, :]
             tl.store(y_ptr + row * D + offs_d, tl.sum(h * cc[None, :], axis=1), mask=mask_d)
             if SAVE:
-                tl.store(hs_ptr + (row * D + offs_d[:, None]) * N + offs_n[None, :], h, mask=mask_dn)
+                tl.store(hs_ptr + row * D * N + off_dn, h, mask=mask_dn)
 
     @triton.jit
     def _scan_bwd(u_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, hs_ptr, dy_ptr,
                   du_ptr, ddt_ptr, da_part_ptr, db_part_ptr, dc_part_ptr, n_seq, L, D, N,
-                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
         seq = tl.program_id(0)
         blk = tl.program_id(1)
         offs_d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
         offs_n = tl.arange(0, BLOCK_N)
-        mask_d, mask_n = offs_d < D, offs_n < N
-        mask_dn = mask_d[:, None] & mask_n[None, :]
-        a = tl.load(a_ptr + offs_d[:, None] * N + offs_n[None, :], mask=mask_dn, other=0.0)
+        off_dn = offs_d[:, None] * N + offs_n[None, :]
+        if EVEN:  # as in the forward
+            mask_d, mask_n, mask_dn, zero = None, None, None, None
+        else:
+            zero = 0.0
+            mask_d, mask_n = offs_d < D, offs_n < N
+            mask_dn = mask_d[:, None] & mask_n[None, :]
+        a = tl.load(a_ptr + off_dn, mask=mask_dn, other=zero)
+        a2 = a * 1.4426950408889634  # exp(Δ A) = exp2(Δ · A log2 e), as in the forward
         g = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)       # ∂loss/∂h_t
         da_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)  # this sequence's share of ∂loss/∂A
         # Software prefetch as in the forward, walking back: step t-1's inputs load while step t computes. h_t is
-        # the previous iteration's h_{t-1}, so each saved state is read once; h_{-1} = 0 (masked load).
+        # the previous iteration's h_{t-1}, so each saved state is read once. Rows before the sequence's start
+        # are clamped to its first row (scalar arithmetic) and h_{-1} = 0 is selected, not loaded.
         row = seq * L + L - 1
-        h = tl.load(hs_ptr + (row * D + offs_d[:, None]) * N + offs_n[None, :], mask=mask_dn, other=0.0)
-        u_next = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-        dt_next = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-        b_next = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=0.0)
-        c_next = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=0.0)
-        dy_next = tl.load(dy_ptr + row * D + offs_d, mask=mask_d, other=0.0)
-        hp_next = tl.load(hs_ptr + ((row - 1) * D + offs_d[:, None]) * N + offs_n[None, :],
-                          mask=mask_dn & (offs_d[:, None] * 0 + L > 1), other=0.0)  # h_{L-2}
+        h = tl.load(hs_ptr + row * D * N + off_dn, mask=mask_dn, other=zero)
+        u_next = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=zero)
+        dt_next = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=zero)
+        b_next = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=zero)
+        c_next = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=zero)
+        dy_next = tl.load(dy_ptr + row * D + offs_d, mask=mask_d, other=zero)
+        hp_next = tl.load(hs_ptr + (seq * L + tl.maximum(L - 2, 0)) * D * N + off_dn, mask=mask_dn, other=zero)
         for i in range(L):
             t = L - 1 - i
             row = seq * L + t
-            u, dt, bb, cc, dy, h_prev = u_next, dt_next, b_next, c_next, dy_next, hp_next
-            more_d, more_n = mask_d & (offs_d * 0 + t > 0), mask_n & (offs_n * 0 + t > 0)  # a step t-1 exists
-            u_next = tl.load(u_ptr + (row - 1) * D + offs_d, mask=more_d, other=0.0)
-            dt_next = tl.load(dt_ptr + (row - 1) * D + offs_d, mask=more_d, other=0.0)
-            b_next = tl.load(b_ptr + (row - 1) * N + offs_n, mask=more_n, other=0.0)
-            c_next = tl.load(c_ptr + (row - 1) * N + offs_n, mask=more_n, other=0.0)
-            dy_next = tl.load(dy_ptr + (row - 1) * D + offs_d, mask=more_d, other=0.0)
-            hp_next = tl.load(hs_ptr + ((row - 2) * D + offs_d[:, None]) * N + offs_n[None, :],
-                              mask=mask_dn & (offs_d[:, None] * 0 + t > 1), other=0.0)  # h_{t-2}
+            prv = seq * L + tl.maximum(t - 1, 0)
+            u, dt, bb, cc, dy = u_next, dt_next, b_next, c_next, dy_next
+            h_prev = tl.where(t > 0, hp_next, 0.0)  # h_{t-1}
+            u_next = tl.load(u_ptr + prv * D + offs_d, mask=mask_d, other=zero)
+            dt_next = tl.load(dt_ptr + prv * D + offs_d, mask=mask_d, other=zero)
+            b_next = tl.load(b_ptr + prv * N + offs_n, mask=mask_n, other=zero)
+            c_next = tl.load(c_ptr + prv * N + offs_n, mask=mask_n, other=zero)
+            dy_next = tl.load(dy_ptr + prv * D + offs_d, mask=mask_d, other=zero)
+            hp_next = tl.load(hs_ptr + (seq * L + tl.maximum(t - 2, 0)) * D * N + off_dn, mask=mask_dn, other=zero)
             g += cc[None, :] * dy[:, None]
-            decay = tl.exp(dt[:, None] * a)
+            decay = tl.exp2(dt[:, None] * a2)
             g_h_prev = g * h_prev * decay  # ∂loss/∂(Δ A) through the decay term
             # Partials over this block's channels; blocks are summed on the host side of the kernel (torch).
             part = (blk * n_seq * L + row) * N + offs_n
+            gb = tl.sum(g * bb[None, :], axis=1)
             tl.store(dc_part_ptr + part, tl.sum(h * dy[:, None], axis=0), mask=mask_n)
             tl.store(db_part_ptr + part, tl.sum(g * (dt * u)[:, None], axis=0), mask=mask_n)
-            tl.store(du_ptr + row * D + offs_d, tl.sum(g * bb[None, :], axis=1) * dt, mask=mask_d)
-            tl.store(ddt_ptr + row * D + offs_d,
-                     tl.sum(g * bb[None, :], axis=1) * u + tl.sum(g_h_prev * a, axis=1), mask=mask_d)
+            tl.store(du_ptr + row * D + offs_d, gb * dt, mask=mask_d)
+            tl.store(ddt_ptr + row * D + offs_d, gb * u + tl.sum(g_h_prev * a, axis=1), mask=mask_d)
             da_acc += g_h_prev * dt[:, None]
             g = g * decay
             h = h_prev
-        tl.store(da_part_ptr + (seq * D + offs_d[:, None]) * N + offs_n[None, :], da_acc, mask=mask_dn)
+        tl.store(da_part_ptr + seq * D * N + off_dn, da_acc, mask=mask_dn)
 
 
 def _blocks(n_seq: int, d: int, n: int) -> tuple[int, int, int]:
@@ -134,11 +148,17 @@ def _blocks(n_seq: int, d: int, n: int) -> tuple[int, int, int]:
     One warp per program and enough programs to fill the GPU: measured on an H200 at L=32, D=128, N=16
     (docs/BENCHMARKS.md, "scan launch shape", with the prefetching kernels), BLOCK_D=16 is fastest at 256
     sequences (forward / forward saving states / backward 18/33/39 µs against 27/34/43 at 32) and 64 at 1,024
-    (38/112/137 µs; the acting pass there runs the forward alone)."""
+    (38/112/137 µs; the acting pass there runs the forward alone). The unmasked exp2 kernels of v8 take
+    11.7/30.5/35.4 µs at 256 and 32.1/103.4/141.3 at 1,024."""
     block_n = triton.next_power_of_2(n)
     block_d = 16 if n_seq < 512 else 64
     block_d = max(1, min(block_d, triton.next_power_of_2(d), 2048 // block_n))
     return block_d, block_n, 1
+
+
+def _even(d: int, n: int, block_d: int, block_n: int) -> bool:
+    """Every channel block is full and the state fills its block: the kernels need no masks."""
+    return d % block_d == 0 and n == block_n
 
 
 class _FusedScan(torch.autograd.Function):
@@ -153,7 +173,8 @@ class _FusedScan(torch.autograd.Function):
         block_d, block_n, warps = _blocks(n_seq, d, n)
         grid = (n_seq, triton.cdiv(d, block_d))
         _scan_fwd[grid](u, delta, A, B, C, y, hs, length, d, n,
-                        BLOCK_D=block_d, BLOCK_N=block_n, SAVE=save, num_warps=warps)
+                        BLOCK_D=block_d, BLOCK_N=block_n, SAVE=save, EVEN=_even(d, n, block_d, block_n),
+                        num_warps=warps)
         if save:
             ctx.save_for_backward(u, delta, A, B, C, hs)
         return y
@@ -171,7 +192,8 @@ class _FusedScan(torch.autograd.Function):
         dc_part = u.new_empty((n_blk, n_seq, length, n))
         _scan_bwd[(n_seq, n_blk)](u, delta, A, B, C, hs, dy.contiguous().float(), du, ddelta, da_part,
                                   db_part, dc_part, n_seq, length, d, n,
-                                  BLOCK_D=block_d, BLOCK_N=block_n, num_warps=warps)
+                                  BLOCK_D=block_d, BLOCK_N=block_n, EVEN=_even(d, n, block_d, block_n),
+                                  num_warps=warps)
         return du, ddelta, da_part.sum(0), db_part.sum(0), dc_part.sum(0)
 
 
