@@ -17,6 +17,13 @@ def test_full_step_bench_prints_one_json_line_per_mode_with_transitions_per_s(ca
     assert r["mode"] == "eager" and r["n_envs"] == 16 and r["steps"] == 3
     assert r["transitions_per_s"] == r["steps_per_s"] * 16
     assert r["flops_per_step"] > 0
+    assert r["act_sms"] is None  # no green context on CPU
+
+
+def test_full_step_bench_refuses_an_sm_share_outside_0_1_with_exit_2(capsys) -> None:
+    assert main(["--n-envs", "16", "--steps", "3", "--device", "cpu", "--preset", "smoke", "--act-sm-share", "0"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "act_sm_share must be in (0, 1]" in err[0]
 
 
 def test_full_step_graph_mode_on_cpu_exits_2_with_one_line_error(capsys) -> None:

@@ -7,7 +7,7 @@ import torch
 
 from trainer.loop.config import preset
 from trainer.loop.fold import FoldTrainer, Window, direction_entropy
-from trainer.loop.step import GraphedStep, gather_windows
+from trainer.loop.step import ACT_CONFINED_MAX_WINDOWS_PER_ITEM, GraphedStep, acting_sm_share, gather_windows
 from trainer.sim.synthetic import random_decision_tape
 
 
@@ -102,13 +102,17 @@ def test_graph_and_eager_give_the_same_losses_for_the_same_seed():
 @pytest.mark.gpu
 @pytest.mark.parametrize("encoder", ["gru", "mamba"])
 def test_overlapping_acting_and_learning_on_side_streams_changes_no_value(encoder):
-    """LoopConfig.overlap runs acting and the target forwards on side CUDA streams; the same seed gives the same
-    actions, losses and weights as running everything on one stream, eagerly and graph-captured alike."""
+    """LoopConfig.overlap runs acting (on half the SMs, a green context) and the target forwards on side CUDA
+    streams; the same seed gives the same actions, losses and weights as running everything on one stream, eagerly
+    and graph-captured alike."""
     runs = {}
     for overlap, mode in ((False, "eager"), (True, "eager"), (False, "graph"), (True, "graph")):
         torch.manual_seed(0)
-        trainer = _trainer(device="cuda", n_envs=256, seed=0, overlap=overlap, encoder=encoder, n_layers=2)
+        # 256 envs, batch 64: acting encodes 4 windows per batch item, so it runs confined (acting_sm_share).
+        trainer = _trainer(device="cuda", n_envs=256, seed=0, overlap=overlap, encoder=encoder, n_layers=2,
+                           batch_size=64)
         assert (trainer.step_fn.side.stream is not None) == overlap
+        assert (trainer.step_fn.side.sms is not None) == overlap  # acting confined to a green context (half the SMs)
         assert (trainer.learner.side.stream is not None) == overlap
         losses = _warm_then_run(trainer, mode, 20)
         runs[overlap, mode] = (losses, trainer.state.position.clone(), trainer.learner.flat_grad.clone(),
@@ -130,6 +134,15 @@ def test_overlapping_acting_and_learning_on_side_streams_changes_no_value(encode
         assert rel(grad, base[2]) < 1e-3, (key, rel(grad, base[2]))
         for name, p in weights.items():
             assert rel(p, base[3][name]) < 1e-3, (key, name, rel(p, base[3][name]))
+
+
+def test_acting_is_confined_to_its_sm_share_only_while_it_encodes_at_most_4_windows_per_batch_item():
+    assert ACT_CONFINED_MAX_WINDOWS_PER_ITEM == 4
+    assert acting_sm_share(0.5, 1024, 256) == 0.5  # h100 preset at 1,024 envs: confined
+    assert acting_sm_share(0.5, 256, 256) == 0.5
+    assert acting_sm_share(0.5, 1025, 256) == 1.0  # acting outgrows the learner: every SM
+    assert acting_sm_share(0.5, 2569, 256) == 1.0  # the row table at 4,096+ envs
+    assert acting_sm_share(1.0, 16, 256) == 1.0
 
 
 def test_acting_by_row_table_gives_the_same_logits_as_encoding_every_env():

@@ -117,11 +117,12 @@ DEFAULT_WINDOW_ROWS = 2_600
 
 
 def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, tape_rows: int = DEFAULT_WINDOW_ROWS,
-                   agent: dict | None = None, compile: str = "none", warm_updates: int = 3, overlap: bool = True,
+                   agent: dict | None = None, compile: str = "none", warm_updates: int = 3, loop: dict | None = None,
                    mode: str = "auto"):
     """A FoldTrainer at the preset's model size on a random tape with random features (no data pipeline), its
     replay filled past a batch (the n-step rings mature) and `warm_updates` eager steps run (lazy optimizer state,
-    cuBLAS handles, the allocator, and torch.compile's compilation when `compile` asks for it)."""
+    cuBLAS handles, the allocator, and torch.compile's compilation when `compile` asks for it). `loop` overrides
+    more LoopConfig fields (`overlap`, `act_sm_share`)."""
     import numpy as np
 
     from trainer.loop.config import preset
@@ -129,8 +130,8 @@ def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, ta
 
     cfg = preset(preset_name)
     cfg = cfg.replace(sim={"n_envs": n_envs, "seed": seed}, loop={"device": device, "seed": seed, "learning_starts": 8,
-                                                                 "compile": compile, "overlap": overlap,
-                                                                 "mode": mode},
+                                                                 "compile": compile, "mode": mode,
+                                                                 **(loop or {})},
                       replay={"capacity": max(cfg.replay.capacity, 4 * n_envs)}, agent=agent or {})
     tape = random_decision_tape(tape_rows, levels=10, radius=16, seed=seed)
     features = np.random.default_rng(seed).standard_normal((tape_rows, 23)).astype(np.float32)
@@ -160,7 +161,7 @@ def count_step_flops(preset_name: str, n_envs: int, device: str, seed: int = 0,
 
 def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name: str = "h100",
                    seed: int = 0, window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None,
-                   compile: str = "none", overlap: bool = True) -> dict:
+                   compile: str = "none", loop: dict | None = None) -> dict:
     """Time `steps` full training steps; returns steps/s, transitions/s, ms/step, peak memory, losses."""
     from trainer.loop.step import GraphedStep
 
@@ -171,8 +172,7 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
         raise ValueError("graph mode needs --device cuda")
     torch.manual_seed(seed)
     # The trainer in the mode it is timed in: FoldTrainer uses side streams only for a captured graph.
-    trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, compile, overlap=overlap,
-                             mode=mode)
+    trainer = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, compile, loop=loop, mode=mode)
     step = trainer.step_fn
     flops = count_step_flops(preset_name, n_envs, device, seed, window_rows, agent)
     run = GraphedStep(step) if mode == "graph" else step
@@ -193,6 +193,7 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "batch_size": trainer.agent_cfg.batch_size, "encoder": trainer.agent_cfg.encoder,
         "scan": trainer.agent_cfg.scan, "compile": compile, "overlap": step.side.stream is not None,
+        "act_sms": step.side.sms,
         "window_rows": window_rows,
         "act_by_row_table": step.table_rows is not None,
         "steps_per_s": sps, "transitions_per_s": sps * n_envs, "ms_per_step": 1e3 / sps,
@@ -204,7 +205,7 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
 
 def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int = 5,
                  window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None, compile: str = "none",
-                 graph: bool = False, overlap: bool = True) -> dict:
+                 graph: bool = False, loop: dict | None = None) -> dict:
     """Where a full step spends device time, from torch.profiler over `steps` steps: kernels per step, their
     summed duration, the span from the first kernel's start to the last one's end (summed / span = how busy
     the device is), and the top kernels. Eager steps also split kernels by labelled region of `TrainStep`
@@ -220,7 +221,7 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
     if graph and not on_cuda:
         raise ValueError("profiling the graph needs --device cuda")
     torch.manual_seed(0)
-    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, overlap=overlap,
+    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, loop=loop,
                              mode="graph" if graph else "eager")
     step = trainer.step_fn
     run = GraphedStep(step) if graph else step
@@ -276,7 +277,7 @@ def profile_step(n_envs: int, device: str, preset_name: str = "h100", steps: int
     top = sorted(kernels.items(), key=lambda kv: -sum(kv[1]))[:25]
     return {
         "bench": "profile", "preset": preset_name, "n_envs": n_envs, "compile": compile,
-        "overlap": step.side.stream is not None,
+        "overlap": step.side.stream is not None, "act_sms": step.side.sms,
         "steps": steps,
         "mode": "graph" if graph else "eager",
         "kernels_per_step": total_kernels / steps,
@@ -298,7 +299,7 @@ the gradient (clip, AdamW, Polyak, statistics)."""
 
 def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100", mode: str = "eager",
                 window_rows: int = DEFAULT_WINDOW_ROWS, agent: dict | None = None, compile: str = "none",
-                overlap: bool = True) -> dict:
+                loop: dict | None = None) -> dict:
     """Milliseconds per call of each of `PIECES`, each timed alone over `steps` calls. With mode='graph' (CUDA) each
     piece is captured as its own CUDA graph the way `GraphedStep` captures the step (`capture_graph`), and timed
     by CUDA events around its replays: what the device spends on that piece with no other piece beside it, without
@@ -315,7 +316,7 @@ def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100",
     if mode == "graph" and dev.type != "cuda":
         raise ValueError("graph mode needs --device cuda")
     torch.manual_seed(0)
-    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, overlap=overlap, mode=mode)
+    trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, loop=loop, mode=mode)
     step = trainer.step_fn
     learner = step.learner
     _, sampled = step._sample()
@@ -355,12 +356,12 @@ def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100",
             ms[name] = (time.perf_counter() - t0) * 1e3 / steps
     return {"bench": "pieces", "mode": mode, "preset": preset_name, "n_envs": n_envs, "steps": steps,
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu", "compile": compile,
-            "overlap": step.side.stream is not None, "ms": ms, "torch": torch.__version__}
+            "overlap": step.side.stream is not None, "act_sms": step.side.sms, "ms": ms, "torch": torch.__version__}
 
 
 def print_pieces(r: dict) -> None:
     print(f"pieces of a step: preset {r['preset']}, n_envs {r['n_envs']:,}, compile {r['compile']}, "
-          f"overlap {r['overlap']}, {r['mode']}, {r['steps']} calls each")
+          f"overlap {r['overlap']}, acting SMs {r['act_sms'] or 'all'}, {r['mode']}, {r['steps']} calls each")
     print("| piece | ms per call |")
     print("|---|---:|")
     for name, value in r["ms"].items():
@@ -385,14 +386,14 @@ def print_profile(r: dict) -> None:
 
 
 def sweep(device: str, n_envs_list: list[int], steps: int, preset_name: str, window_rows: int = DEFAULT_WINDOW_ROWS,
-          agent: dict | None = None, compile: str = "none", overlap: bool = True) -> list[dict]:
+          agent: dict | None = None, compile: str = "none", loop: dict | None = None) -> list[dict]:
     dev = torch.device(device)
     ceiling = tf32_ceiling_tflops(dev) if dev.type == "cuda" else None
     rows = []
     for n in n_envs_list:
         for mode in (("eager", "graph") if dev.type == "cuda" else ("eager",)):
             r = run_step_bench(n, steps if mode == "graph" else max(steps // 4, 20), device, mode, preset_name,
-                               window_rows=window_rows, agent=agent, compile=compile, overlap=overlap)
+                               window_rows=window_rows, agent=agent, compile=compile, loop=loop)
             r["tf32_ceiling_tflops"] = ceiling
             rows.append(r)
             print(json.dumps(r), flush=True)
@@ -424,6 +425,9 @@ def main(argv: list[str] | None = None) -> int:
                              "step; full step, 'sim' or 'all' (also the Q-network) as LoopConfig.compile")
     parser.add_argument("--no-overlap", action="store_true",
                         help="full step: run everything on one CUDA stream (LoopConfig.overlap=False; same values)")
+    parser.add_argument("--act-sm-share", type=float,
+                        help="full step: share of the SMs acting may use beside the learner (LoopConfig.act_sm_share; "
+                             "1 = all; same values)")
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     parser.add_argument("--mode", choices=("eager", "graph", "both"), default="both",
                         help="full step: eager, CUDA graph, or both side by side (graph needs CUDA)")
@@ -441,24 +445,27 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--scan", choices=("fused", "parallel", "sequential"), help="full step: Mamba selective-scan variant")
     args = parser.parse_args(argv)
     agent = {k: v for k, v in {"encoder": args.encoder, "scan": args.scan}.items() if v}
+    loop = {"overlap": not args.no_overlap}
+    if args.act_sm_share is not None:
+        loop["act_sm_share"] = args.act_sm_share
     try:
         if args.device not in ("cpu", "cuda") and not args.device.startswith("cuda:"):
             raise ValueError(f"--device must be cpu or cuda, got {args.device!r}")
         if args.profile:
             r = profile_step(args.n_envs, args.device, args.preset, window_rows=args.window_rows, agent=agent,
-                             compile=args.compile, graph=args.mode == "graph", overlap=not args.no_overlap)
+                             compile=args.compile, graph=args.mode == "graph", loop=loop)
             print(json.dumps(r)) if args.json else print_profile(r)
             return 0
         if args.pieces:
             on_cuda = torch.device(args.device).type == "cuda"
             mode = args.mode if args.mode != "both" else ("graph" if on_cuda else "eager")
             r = time_pieces(args.n_envs, args.steps, args.device, args.preset, mode, args.window_rows, agent,
-                            args.compile, overlap=not args.no_overlap)
+                            args.compile, loop=loop)
             print(json.dumps(r)) if args.json else print_pieces(r)
             return 0
         if args.sweep:
             rows = sweep(args.device, [int(x) for x in args.n_envs_list.split(",")], args.steps, args.preset,
-                         args.window_rows, agent, args.compile, overlap=not args.no_overlap)
+                         args.window_rows, agent, args.compile, loop=loop)
             print_table(rows)
             return 0
         if not args.sim_only:
@@ -466,7 +473,7 @@ def main(argv: list[str] | None = None) -> int:
             if args.mode == "both" and torch.device(args.device).type != "cuda":
                 modes = ("eager",)  # side by side needs CUDA; an explicit --mode graph on CPU is refused (exit 2)
             rows = [run_step_bench(args.n_envs, args.steps, args.device, m, args.preset, window_rows=args.window_rows,
-                                   agent=agent, compile=args.compile, overlap=not args.no_overlap) for m in modes]
+                                   agent=agent, compile=args.compile, loop=loop) for m in modes]
             if args.json:
                 for r in rows:
                     print(json.dumps(r))

@@ -18,6 +18,11 @@ inside it; nothing the block writes is read or written by the current stream bef
 
 On CPU, or with `enabled=False`, `fork()` runs the block in place and `join()` does nothing: the same calls in the
 same order, one after another.
+
+`SideStream(device, sm_share=s)` with s < 1 takes its stream from a CUDA green context holding that share of the SMs:
+the block's kernels run on those SMs only, while the current stream's kernels may use every SM. Acting takes this,
+so that its large kernels cannot hold the whole device while the learner's chain of small ones waits
+(docs/BENCHMARKS.md v9).
 """
 from __future__ import annotations
 
@@ -34,10 +39,42 @@ the graph when the graph is instantiated with cudaGraphInstantiateFlagUseNodePri
 PR 167346); on an H200 with torch 2.11 the priorities took the graphed training step from 1.197 to 1.176 ms."""
 
 
+SM_GRANULE = 8
+"""Green contexts take SMs in groups: 8 from compute capability 9.0 on (CUDA driver API, "Green Contexts"); a
+multiple of 8 is a valid count on every architecture that has them."""
+
+
+def green_context_sms(share: float, device_sms: int) -> int | None:
+    """SMs for a green context holding `share` of a device of `device_sms` SMs: rounded down to whole granules, at
+    least one; None for a share of 1 or when the granules cover the whole device (no green context needed)."""
+    if not 0.0 < share <= 1.0:
+        raise ValueError(f"SM share must be in (0, 1], got {share!r}")
+    sms = max(SM_GRANULE, int(share * device_sms) // SM_GRANULE * SM_GRANULE)
+    return None if share == 1.0 or sms >= device_sms else sms
+
+
 class SideStream:
-    def __init__(self, device: torch.device | str, enabled: bool = True, priority: int = LOW_PRIORITY):
+    def __init__(self, device: torch.device | str, enabled: bool = True, priority: int = LOW_PRIORITY,
+                 sm_share: float = 1.0):
+        """`sm_share` < 1 confines the side stream's kernels to that share of the device's SMs (a green context;
+        its stream has the default priority, LOW_PRIORITY). Where green contexts are unavailable (an older torch or
+        driver) the stream is an ordinary one; `sms` says which it got (None: every SM)."""
         device = torch.device(device)
-        self.stream = torch.cuda.Stream(device, priority=priority) if enabled and device.type == "cuda" else None
+        self.stream, self.sms, self._green = None, None, None
+        if not (enabled and device.type == "cuda"):
+            return
+        sms = green_context_sms(sm_share, torch.cuda.get_device_properties(device).multi_processor_count)
+        if sms is not None:
+            try:
+                from torch.cuda.green_contexts import GreenContext
+
+                index = device.index if device.index is not None else torch.cuda.current_device()
+                self._green = GreenContext.create(sms, index)  # kept alive: the stream lives in it
+                self.stream, self.sms = self._green.Stream(), sms
+                return
+            except (ImportError, AttributeError, RuntimeError):  # no green contexts here: every SM, as below
+                self._green = None
+        self.stream = torch.cuda.Stream(device, priority=priority)
 
     @contextlib.contextmanager
     def fork(self) -> Iterator[None]:

@@ -26,7 +26,7 @@ from trainer.loop.config import COMPILE_CHOICES
 
 # Fields that may change between attempts without changing what the run computes.
 RESUMABLE_LOOP_FIELDS = ("n_steps", "log_every", "checkpoint_every", "keep_checkpoints", "mode", "device",
-                         "grace_seconds", "eval_envs", "overlap")
+                         "grace_seconds", "eval_envs", "overlap", "act_sm_share")
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -45,6 +45,15 @@ def available(device: torch.device) -> bool:
 if triton is not None:
 
     @triton.jit
+    def _load_step(u_ptr, dt_ptr, b_ptr, c_ptr, row, D, N, offs_d, offs_n, mask_d, mask_n, zero):
+        """Time step `row`'s inputs: u and Δ (BLOCK_D,), B and C (BLOCK_N,)."""
+        u = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=zero)
+        dt = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=zero)
+        b = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=zero)
+        c = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=zero)
+        return u, dt, b, c
+
+    @triton.jit
     def _scan_fwd(u_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr, hs_ptr, L, D, N,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SAVE: tl.constexpr, EVEN: tl.constexpr):
         seq = tl.program_id(0)
@@ -66,18 +75,14 @@ if triton is not None:
         # overlaps the arithmetic instead of stalling every step of the dependent walk. The last step reloads
         # its own row (a scalar clamp, no mask).
         row = seq * L
-        u_next = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=zero)
-        dt_next = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=zero)
-        b_next = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=zero)
-        c_next = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=zero)
+        u_next, dt_next, b_next, c_next = _load_step(u_ptr, dt_ptr, b_ptr, c_ptr, row, D, N, offs_d, offs_n,
+                                                     mask_d, mask_n, zero)
         for t in range(L):
             row = seq * L + t
             nxt = seq * L + tl.minimum(t + 1, L - 1)
             u, dt, bb, cc = u_next, dt_next, b_next, c_next
-            u_next = tl.load(u_ptr + nxt * D + offs_d, mask=mask_d, other=zero)
-            dt_next = tl.load(dt_ptr + nxt * D + offs_d, mask=mask_d, other=zero)
-            b_next = tl.load(b_ptr + nxt * N + offs_n, mask=mask_n, other=zero)
-            c_next = tl.load(c_ptr + nxt * N + offs_n, mask=mask_n, other=zero)
+            u_next, dt_next, b_next, c_next = _load_step(u_ptr, dt_ptr, b_ptr, c_ptr, nxt, D, N, offs_d, offs_n,
+                                                         mask_d, mask_n, zero)
             h = tl.exp2(dt[:, None] * a2) * h + (dt * u)[:, None] * bb[None, :]
             tl.store(y_ptr + row * D + offs_d, tl.sum(h * cc[None, :], axis=1), mask=mask_d)
             if SAVE:
@@ -107,10 +112,8 @@ if triton is not None:
         # are clamped to its first row (scalar arithmetic) and h_{-1} = 0 is selected, not loaded.
         row = seq * L + L - 1
         h = tl.load(hs_ptr + row * D * N + off_dn, mask=mask_dn, other=zero)
-        u_next = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=zero)
-        dt_next = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=zero)
-        b_next = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=zero)
-        c_next = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=zero)
+        u_next, dt_next, b_next, c_next = _load_step(u_ptr, dt_ptr, b_ptr, c_ptr, row, D, N, offs_d, offs_n,
+                                                     mask_d, mask_n, zero)
         dy_next = tl.load(dy_ptr + row * D + offs_d, mask=mask_d, other=zero)
         hp_next = tl.load(hs_ptr + (seq * L + tl.maximum(L - 2, 0)) * D * N + off_dn, mask=mask_dn, other=zero)
         for i in range(L):
@@ -119,10 +122,8 @@ if triton is not None:
             prv = seq * L + tl.maximum(t - 1, 0)
             u, dt, bb, cc, dy = u_next, dt_next, b_next, c_next, dy_next
             h_prev = tl.where(t > 0, hp_next, 0.0)  # h_{t-1}
-            u_next = tl.load(u_ptr + prv * D + offs_d, mask=mask_d, other=zero)
-            dt_next = tl.load(dt_ptr + prv * D + offs_d, mask=mask_d, other=zero)
-            b_next = tl.load(b_ptr + prv * N + offs_n, mask=mask_n, other=zero)
-            c_next = tl.load(c_ptr + prv * N + offs_n, mask=mask_n, other=zero)
+            u_next, dt_next, b_next, c_next = _load_step(u_ptr, dt_ptr, b_ptr, c_ptr, prv, D, N, offs_d, offs_n,
+                                                         mask_d, mask_n, zero)
             dy_next = tl.load(dy_ptr + prv * D + offs_d, mask=mask_d, other=zero)
             hp_next = tl.load(hs_ptr + (seq * L + tl.maximum(t - 2, 0)) * D * N + off_dn, mask=mask_dn, other=zero)
             g += cc[None, :] * dy[:, None]

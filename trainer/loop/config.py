@@ -46,6 +46,12 @@ class LoopConfig:
     side streams, concurrently with the learner's online forward and backward (trainer/loop/step.py). Same values
     either way. Eager steps and --deterministic runs keep one stream: an eager step is bound by the host, which
     the side streams cost time (docs/BENCHMARKS.md v5)."""
+    act_sm_share: float = 0.5
+    """With `overlap`, the share of the GPU's SMs acting may use while the learner computes (a CUDA green context;
+    1.0: all of them), as long as acting is the smaller of the two: at most 4 windows per batch item (beyond that,
+    acting gets every SM; trainer/loop/step.py). The learner may use every SM. Half measured best on an H200
+    (docs/BENCHMARKS.md v9): acting given the whole device holds SMs the learner's chain waits for, and given much
+    less it runs long enough to slow the learner longer. Same values either way."""
     seed: int = 0
     """Seed for torch, numpy, python and the simulator's reset hash."""
     deterministic: bool = False
@@ -65,6 +71,8 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.keep_checkpoints must be >= 2, got {self.keep_checkpoints!r}")
         if self.mode not in ("auto", "eager", "graph"):
             raise ValueError(f"LoopConfig.mode must be auto|eager|graph, got {self.mode!r}")
+        if not 0.0 < self.act_sm_share <= 1.0:
+            raise ValueError(f"LoopConfig.act_sm_share must be in (0, 1], got {self.act_sm_share!r}")
         if self.compile not in COMPILE_CHOICES:
             raise ValueError(f"LoopConfig.compile must be one of {COMPILE_CHOICES}, got {self.compile!r}")
 

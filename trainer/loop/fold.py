@@ -116,7 +116,7 @@ class FoldTrainer:
         self.step_fn = TrainStep(self.features, self.sim, self.state, self.learner, self.nstep, self.replay,
                                  W, self.agent_cfg.batch_size, self.dir_counts,
                                  row_range=(train.start + W - 1, train.stop), compile=cfg.loop.compile,
-                                 overlap=overlap)
+                                 overlap=overlap, act_sm_share=lc.act_sm_share)
         self.env_step = 0  # loop iterations done (each is n_envs env steps); host-side, no sync needed
         self.update_step = 0  # gradient steps done
         self.wall_seconds = 0.0  # accumulated over attempts

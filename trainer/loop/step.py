@@ -5,18 +5,19 @@ graph and replayed (`GraphedStep`); host syncs happen only in `read_metrics`, at
 
 Order within a step, and what runs concurrently in graph mode on CUDA (trainer/streams.py):
 
-    main:    sample ─┬─┬─► online fwd at x ─┬─► loss ─┬─► backward ────────────────────────┬─► clip, AdamW ─► prio.
-    learner:         │ └─► online fwd at x' ┤         │   (Learner.gradient)               │
-    learner:         └───► target fwd at x' ┘         │                                    │
-    acting:                                           └─► act ─► sim ─► store, replay add ─┘
+    main:    sample ─┬─┬─┬─► online fwd at x ─┬─► loss ─► backward ──┬─► clip, AdamW ─► priorities
+    learner:         │ │ └─► online fwd at x' ┤                      │
+    learner:         │ └───► target fwd at x' ┘                      │
+    acting:          └───► act ─► sim ─► store, replay add ──────────┘   (on half of the SMs, see below)
 
 The batch is sampled before this step's transitions are added (they can be drawn from the next step on), so acting
-and storing depend on nothing the learner computes before AdamW changes the weights. Acting forks after the loss,
-so the batch's three forwards share the device only with each other; acting then runs beside the backward, on a
-low-priority stream, while the learner's streams have high priority: the learner's chain of small kernels is the
-step's critical path (docs/BENCHMARKS.md v6 measures each part of this). The values do not depend on the overlap
-(`LoopConfig.overlap`): the host issues the same calls, random draws included, in the same order either way. Eager
-steps run everything on one stream.
+and storing depend on nothing the learner computes before AdamW changes the weights. The learner's chain of small
+kernels is the step's critical path (docs/BENCHMARKS.md v6 measures each part of this), so its streams have high
+priority, and acting runs on a low-priority stream confined to `LoopConfig.act_sm_share` of the SMs (a CUDA green
+context) while it is the smaller of the two (`acting_sm_share`): given the whole device, acting's large kernels
+hold SMs that the learner's next kernel waits for (v9). Acting larger than the learner gets every SM.
+The values do not depend on the overlap (`LoopConfig.overlap`): the host issues the same calls, random draws
+included, in the same order either way. Eager steps run everything on one stream.
 """
 from __future__ import annotations
 
@@ -69,16 +70,29 @@ class StepMetrics:
         self.count.zero_()
 
 
+ACT_CONFINED_MAX_WINDOWS_PER_ITEM = 4
+"""Acting is confined to a share of the SMs only while its forward encodes at most this many windows per item of
+the learner's batch; the learner passes over each item four times (online forward at x, two forwards at x', the
+backward). On an H200 at the h100 preset (batch 256; docs/BENCHMARKS.md v9), acting on 64 of 132 SMs made the
+step faster at 256 and 1,024 windows (0.991 against 1.006 ms, 1.073 against 1.128) and slower at 2,569 (the row
+table at 4,096 and 16,384 envs: 2.39 against 2.16 ms, 2.25 against 1.72), where acting alone outlasts the
+learner's chain (1.1–1.4 against 0.93 ms) and is the step's critical path itself."""
+
+
+def acting_sm_share(share: float, act_windows: int, batch_size: int) -> float:
+    """The SM share acting runs in: `share` while acting encodes at most ACT_CONFINED_MAX_WINDOWS_PER_ITEM windows
+    per batch item, else 1 (every SM)."""
+    return share if act_windows <= ACT_CONFINED_MAX_WINDOWS_PER_ITEM * batch_size else 1.0
+
+
 class TrainStep:
     """Closure over the fold's persistent state; `act_and_store()` before learning starts, `__call__()` after."""
 
     def __init__(self, features: torch.Tensor, sim: Simulator, state, learner: Learner, nstep: NStepAccumulator,
                  replay: PrioritizedReplay, window: int, batch_size: int, dir_counts: torch.Tensor,
-                 row_range: tuple[int, int] | None = None, compile: str = "none", overlap: bool = True):
+                 row_range: tuple[int, int] | None = None, compile: str = "none", overlap: bool = True,
+                 act_sm_share: float = 1.0):
         self.features, self.sim, self.state = features, sim, state
-        # Acting runs here while the learner computes, at low priority: the learner's chain of small kernels is the
-        # step's critical path, and acting's large kernels fill what it leaves of the device.
-        self.side = SideStream(features.device, enabled=overlap, priority=LOW_PRIORITY)
         # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all', the
         # acting path, storing, sampling and the learner's tensor-only pieces. Compiled on the first eager step,
         # so a graph capture afterwards records the compiled kernels.
@@ -100,6 +114,11 @@ class TrainStep:
         self.table_rows = None
         if row_range is not None and row_range[1] - row_range[0] < state.cursor.shape[0]:
             self.table_rows = torch.arange(row_range[0], row_range[1], device=features.device)  # (R,)
+        # Acting runs on a side stream while the learner computes, at low priority, and confined to `act_sm_share`
+        # of the SMs while it is the smaller of the two (`acting_sm_share`).
+        act_windows = state.cursor.shape[0] if self.table_rows is None else self.table_rows.shape[0]
+        self.side = SideStream(features.device, enabled=overlap, priority=LOW_PRIORITY,
+                               sm_share=acting_sm_share(act_sm_share, act_windows, batch_size))
         self.learner, self.nstep, self.replay = learner, nstep, replay
         self.window, self.batch_size = window, batch_size
         self.metrics = StepMetrics.zeros(features.device)
@@ -144,12 +163,10 @@ class TrainStep:
         """One training step (see the module docstring for the order and the overlap)."""
         with _region("sample"):
             idx, batch = self._sample()
-        with _region("update"):
-            loss = self.learner.loss(batch)
         with self.side.fork():
             self.act_and_store()  # reads the online weights; AdamW below waits for it (join)
         with _region("update"):
-            grads = self.learner.gradient(loss)
+            grads = self.learner.backward(batch)
             self.side.join()
             out = self.learner.apply(grads)
         with _region("priorities"):
