@@ -66,3 +66,15 @@ def test_compiled_runs_share_the_inductor_cache_beside_the_runs(tmp_path):
     first = run("a")
     assert first  # the compiled simulator step was written to the cache
     assert run("b") == first  # and found there by the next run: nothing new compiled
+
+
+def test_fingerprint_ignores_where_kernels_run_but_not_what_they_compute():
+    """A checkpoint resumes under another overlap or acting SM share (same values), not under another compile."""
+    import dataclasses
+
+    base = preset("h100")
+    fp = train.fingerprint(dataclasses.asdict(base), "key", {})
+    moved = base.replace(loop={"overlap": False, "act_sm_share": 1.0})
+    assert train.fingerprint(dataclasses.asdict(moved), "key", {}) == fp
+    other = base.replace(loop={"compile": "none" if base.loop.compile != "none" else "all"})
+    assert train.fingerprint(dataclasses.asdict(other), "key", {}) != fp
