@@ -37,7 +37,7 @@ def test_on_cpu_fork_runs_in_place_and_join_does_nothing() -> None:
 
 
 @pytest.mark.gpu
-def test_side_stream_in_a_green_context_runs_on_a_share_of_the_sms() -> None:
+def test_side_stream_with_an_sm_share_gets_a_green_context_of_the_rounded_count_and_computes_on_it() -> None:
     if not torch.cuda.is_available():
         pytest.skip("needs a CUDA device (run through `device`)")
     device_sms = torch.cuda.get_device_properties(0).multi_processor_count

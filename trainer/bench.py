@@ -326,7 +326,7 @@ def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100",
 
     def learner_chain() -> None:
         idx, b = step._sample()
-        step._priorities(idx, learner.apply(learner.backward(b)))
+        step._priorities(idx, learner.update(b))
 
     pieces = {"step": step, "learner": learner_chain, "act_and_store": step.act_and_store, "sample": step._sample,
               "loss_gradient": lambda: learner.backward(batch), "apply": lambda: learner.apply(grads)}
