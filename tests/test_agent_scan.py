@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from trainer.agent.config import AgentConfig
-from trainer.agent.network import QNetwork, selective_scan_fused, selective_scan_sequential
+from trainer.agent.network import QNetwork, selective_scan_fused, selective_scan_fused_last, selective_scan_sequential
 
 # (Bt, L, D, N): one channel block; D not a power of two (masked lanes); several channel blocks (partials summed);
 # N not a power of two; L = 1; several full channel blocks (the kernels' unmasked EVEN path; so are the first and
@@ -36,11 +36,18 @@ def values_and_grads(scan, args) -> list[torch.Tensor]:
     return [y.detach(), *torch.autograd.grad((y * torch.cos(y)).sum(), args)]
 
 
+def sequential_last(*args) -> torch.Tensor:
+    return selective_scan_sequential(*args)[:, -1]
+
+
 def assert_matches_reference(args) -> None:
-    got = values_and_grads(selective_scan_fused, args)
-    want = values_and_grads(selective_scan_sequential, args)
-    for name, g, w in zip(("y", "du", "ddelta", "dA", "dB", "dC", "dD"), got, want):
-        torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-5 * float(w.abs().max()), msg=name)
+    """The full-sequence kernels against the sequential scan, and the last-position (closed-form) kernels against
+    its last position."""
+    for fused, reference in ((selective_scan_fused, selective_scan_sequential),
+                             (selective_scan_fused_last, sequential_last)):
+        got, want = values_and_grads(fused, args), values_and_grads(reference, args)
+        for name, g, w in zip(("y", "du", "ddelta", "dA", "dB", "dC", "dD"), got, want):
+            torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-5 * float(w.abs().max()), msg=f"{fused.__name__} {name}")
 
 
 def test_fused_scan_matches_sequential_reference_values_and_gradients_in_triton_interpreter():
@@ -69,6 +76,8 @@ def test_fused_scan_falls_back_to_the_sequential_scan_where_triton_cannot_run():
     args = scan_inputs(2, 5, 8, 4)
     for g, w in zip(values_and_grads(selective_scan_fused, args), values_and_grads(selective_scan_sequential, args)):
         torch.testing.assert_close(g, w)
+    for g, w in zip(values_and_grads(selective_scan_fused_last, args), values_and_grads(sequential_last, args)):
+        torch.testing.assert_close(g, w)
 
 
 @pytest.mark.gpu
@@ -81,9 +90,10 @@ def test_fused_scan_on_cuda_matches_sequential_reference(shape):
 @pytest.mark.gpu
 def test_fused_scan_on_cuda_is_deterministic_bit_for_bit():
     args = scan_inputs(64, 32, 128, 16, device="cuda")
-    first, second = values_and_grads(selective_scan_fused, args), values_and_grads(selective_scan_fused, args)
-    for a, b in zip(first, second):
-        assert torch.equal(a, b)
+    for scan in (selective_scan_fused, selective_scan_fused_last):
+        first, second = values_and_grads(scan, args), values_and_grads(scan, args)
+        for a, b in zip(first, second):
+            assert torch.equal(a, b)
 
 
 @pytest.mark.gpu

@@ -18,6 +18,7 @@ Everything is CUDA-graph capturable: fixed shapes, no host syncs, no branching o
 """
 from __future__ import annotations
 
+import functools
 import math
 
 import torch
@@ -95,6 +96,20 @@ def selective_scan_fused(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tens
     return scan_fused.fused_scan(u, delta, A, B, C) + u * D
 
 
+def selective_scan_fused_last(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor, D: Tensor) -> Tensor:
+    """`selective_scan_fused(...)[:, -1]`, (Bt, D): on CUDA in closed form, h_{L-1} = Σ_t exp(A Σ_{s>t} Δ_s) Δ_t u_t
+    B_t, by kernels with no dependent walk and no saved states (trainer/agent/scan_fused.py); elsewhere the
+    sequential scan's last position."""
+    if not scan_fused.available(u.device):
+        return selective_scan_sequential(u, delta, A, B, C, D)[:, -1]
+    return scan_fused.fused_scan_last(u, delta, A, B, C[:, -1]) + u[:, -1] * D
+
+
+def _last_position(scan, *args: Tensor) -> Tensor:
+    """A full-sequence scan's last position: (Bt, D)."""
+    return scan(*args)[:, -1]
+
+
 def causal_depthwise_conv(u: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     """Causal depthwise 1-d convolution along time: y_t = bias + Σ_k weight_k ⊙ u_{t-K+1+k} (u_s = 0 for s < 0).
 
@@ -116,6 +131,7 @@ class MambaBlock(nn.Module):
         super().__init__()
         self.scan = {"fused": selective_scan_fused, "parallel": selective_scan_parallel,
                      "sequential": selective_scan_sequential}[scan]
+        self.scan_last = selective_scan_fused_last if scan == "fused" else functools.partial(_last_position, self.scan)
         d_inner = expand * d_model
         self.d_inner, self.d_state = d_inner, d_state
         self.dt_rank = math.ceil(d_model / 16)
@@ -134,8 +150,9 @@ class MambaBlock(nn.Module):
 
     def forward(self, x: Tensor, last_only: bool = False) -> Tensor:
         """x (Bt, L, d_model) -> (Bt, L, d_model), or (Bt, d_model) for the last position alone when `last_only`:
-        the scan still runs over every position, but the gate z, the gating and the out-projection only at the
-        last (an encoder's final block needs nothing else)."""
+        the gate z, the gating and the out-projection run only at the last position (an encoder's final block
+        needs nothing else), and so does the scan's output; the fused scan then computes the last state in
+        closed form instead of walking the sequence (`selective_scan_fused_last`)."""
         if last_only:
             w_u, w_z = self.in_proj.weight.chunk(2, dim=0)
             u, z = F.linear(x, w_u), F.linear(x[:, -1], w_z)  # (Bt, L, d_inner), (Bt, d_inner)
@@ -145,10 +162,9 @@ class MambaBlock(nn.Module):
         dt, B, C = self.x_proj(u).split([self.dt_rank, self.d_state, self.d_state], dim=-1)
         delta = F.softplus(self.dt_proj(dt))  # (Bt, L, d_inner), > 0
         A = -torch.exp(self.A_log)  # (d_inner, N), < 0
-        y = self.scan(u, delta, A, B, C, self.D)  # (Bt, L, d_inner)
         if last_only:
-            y = y[:, -1]
-        return self.out_proj(y * F.silu(z))
+            return self.out_proj(self.scan_last(u, delta, A, B, C, self.D) * F.silu(z))  # (Bt, d_model)
+        return self.out_proj(self.scan(u, delta, A, B, C, self.D) * F.silu(z))  # (Bt, L, d_model)
 
 
 class MambaEncoder(nn.Module):

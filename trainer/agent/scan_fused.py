@@ -18,6 +18,9 @@ Backward (reverse-time walk, g = ∂loss/∂h_t accumulated from later steps):
 Reductions across channel blocks and sequences are written as per-program partials and summed by torch, not
 with atomics, so results are deterministic (the checkpoint resume contract needs bit-identical replays).
 
+`fused_scan_last` is the last position alone (an encoder's final block reads nothing else), computed in closed
+form by a second pair of kernels: no dependent walk and no saved states (see the comment above `_last_fwd`).
+
 CUDA only; `network.selective_scan_fused` falls back to the sequential PyTorch scan on other devices, so the
 same network runs in CPU CI. `TRITON_INTERPRET=1` runs the kernels on CPU tensors (tests/test_agent_scan.py).
 """
@@ -45,11 +48,17 @@ def available(device: torch.device) -> bool:
 if triton is not None:
 
     @triton.jit
-    def _load_step(u_ptr, dt_ptr, b_ptr, c_ptr, row, D, N, offs_d, offs_n, mask_d, mask_n, zero):
-        """Time step `row`'s inputs: u and Δ (BLOCK_D,), B and C (BLOCK_N,)."""
+    def _load_udb(u_ptr, dt_ptr, b_ptr, row, D, N, offs_d, offs_n, mask_d, mask_n, zero):
+        """Time step `row`'s u and Δ (BLOCK_D,) and B (BLOCK_N,)."""
         u = tl.load(u_ptr + row * D + offs_d, mask=mask_d, other=zero)
         dt = tl.load(dt_ptr + row * D + offs_d, mask=mask_d, other=zero)
         b = tl.load(b_ptr + row * N + offs_n, mask=mask_n, other=zero)
+        return u, dt, b
+
+    @triton.jit
+    def _load_step(u_ptr, dt_ptr, b_ptr, c_ptr, row, D, N, offs_d, offs_n, mask_d, mask_n, zero):
+        """Time step `row`'s inputs: u and Δ (BLOCK_D,), B and C (BLOCK_N,)."""
+        u, dt, b = _load_udb(u_ptr, dt_ptr, b_ptr, row, D, N, offs_d, offs_n, mask_d, mask_n, zero)
         c = tl.load(c_ptr + row * N + offs_n, mask=mask_n, other=zero)
         return u, dt, b, c
 
@@ -142,6 +151,94 @@ if triton is not None:
         tl.store(da_part_ptr + seq * D * N + off_dn, da_acc, mask=mask_dn)
 
 
+    # ----------------------------------------------------------------------------------------------
+    # The last position alone (an encoder's final block reads nothing else), in closed form:
+    #     h_{L-1} = Σ_t exp(A S_t) (Δ_t u_t) B_t,   S_t = Σ_{s>t} Δ_s   (so S_{L-1} = 0)
+    #     y_{L-1} = Σ_n C_{L-1,n} h_{L-1,n}
+    # The same value as the recurrence (the product of the decays after step t is the exponential of their
+    # summed exponents), but no term depends on another: no dependent walk, and no states to save, since the
+    # backward needs none (with K_t = dy ⊗ C_{L-1} ⊙ exp(A S_t), which is ∂loss/∂h_t):
+    #     ∂(Δu)_t = Σ_n K_t B_t        ∂S_t = (Δ_t u_t) Σ_n K_t B_t A        dB_t = Σ_d K_t (Δ_t u_t)
+    #     dA = Σ_{b,t} K_t B_t (Δ_t u_t) S_t                                 dC_{L-1} = Σ_d dy h_{L-1}
+    # and ∂loss/∂Δ_s gathers ∂S_t from every t < s (an exclusive prefix sum, done by torch).
+    # ----------------------------------------------------------------------------------------------
+
+    @triton.jit
+    def _last_fwd(u_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr, L, D, N,
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+        seq = tl.program_id(0)
+        offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK_N)
+        off_dn = offs_d[:, None] * N + offs_n[None, :]
+        if EVEN:  # as in _scan_fwd
+            mask_d, mask_n, mask_dn, zero = None, None, None, None
+        else:
+            zero = 0.0
+            mask_d, mask_n = offs_d < D, offs_n < N
+            mask_dn = mask_d[:, None] & mask_n[None, :]
+        a2 = tl.load(a_ptr + off_dn, mask=mask_dn, other=zero) * 1.4426950408889634
+        h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
+        s = tl.zeros((BLOCK_D,), dtype=tl.float32)  # S_t, summed walking back from the last step
+        c_last = tl.load(c_ptr + seq * N + offs_n, mask=mask_n, other=zero)  # C_{L-1}
+        u_next, dt_next, b_next = _load_udb(u_ptr, dt_ptr, b_ptr, seq * L + L - 1, D, N, offs_d, offs_n,
+                                            mask_d, mask_n, zero)
+        for i in range(L):
+            t = L - 1 - i
+            u, dt, bb = u_next, dt_next, b_next
+            prv = seq * L + tl.maximum(t - 1, 0)
+            u_next, dt_next, b_next = _load_udb(u_ptr, dt_ptr, b_ptr, prv, D, N, offs_d, offs_n, mask_d, mask_n,
+                                                zero)
+            h += tl.exp2(s[:, None] * a2) * ((dt * u)[:, None] * bb[None, :])
+            s += dt
+        tl.store(y_ptr + seq * D + offs_d, tl.sum(h * c_last[None, :], axis=1), mask=mask_d)
+
+    @triton.jit
+    def _last_bwd(u_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, dy_ptr, du_ptr, dvu_ptr, ds_ptr,
+                  da_part_ptr, db_part_ptr, dc_part_ptr, n_seq, L, D, N,
+                  BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
+        seq = tl.program_id(0)
+        blk = tl.program_id(1)
+        offs_d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK_N)
+        off_dn = offs_d[:, None] * N + offs_n[None, :]
+        if EVEN:
+            mask_d, mask_n, mask_dn, zero = None, None, None, None
+        else:
+            zero = 0.0
+            mask_d, mask_n = offs_d < D, offs_n < N
+            mask_dn = mask_d[:, None] & mask_n[None, :]
+        a = tl.load(a_ptr + off_dn, mask=mask_dn, other=zero)
+        a2 = a * 1.4426950408889634
+        dy = tl.load(dy_ptr + seq * D + offs_d, mask=mask_d, other=zero)
+        s = tl.zeros((BLOCK_D,), dtype=tl.float32)
+        h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)       # h_{L-1}, rebuilt for dC
+        da_acc = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)  # this sequence's share of dA
+        c_last = tl.load(c_ptr + seq * N + offs_n, mask=mask_n, other=zero)  # C_{L-1}
+        u_next, dt_next, b_next = _load_udb(u_ptr, dt_ptr, b_ptr, seq * L + L - 1, D, N, offs_d, offs_n,
+                                            mask_d, mask_n, zero)
+        dyc = dy[:, None] * c_last[None, :]  # (BD, BN)
+        for i in range(L):
+            t = L - 1 - i
+            row = seq * L + t
+            u, dt, bb = u_next, dt_next, b_next
+            prv = seq * L + tl.maximum(t - 1, 0)
+            u_next, dt_next, b_next = _load_udb(u_ptr, dt_ptr, b_ptr, prv, D, N, offs_d, offs_n, mask_d, mask_n,
+                                                zero)
+            decay = tl.exp2(s[:, None] * a2)
+            vu = dt * u
+            kb = dyc * decay * bb[None, :]  # K_t B_t
+            dvu = tl.sum(kb, axis=1)  # ∂loss/∂(Δ_t u_t)
+            tl.store(du_ptr + row * D + offs_d, dvu * dt, mask=mask_d)
+            tl.store(dvu_ptr + row * D + offs_d, dvu * u, mask=mask_d)
+            tl.store(ds_ptr + row * D + offs_d, vu * tl.sum(kb * a, axis=1), mask=mask_d)
+            part = (blk * n_seq * L + row) * N + offs_n
+            tl.store(db_part_ptr + part, tl.sum(dyc * decay * vu[:, None], axis=0), mask=mask_n)
+            da_acc += kb * (vu * s)[:, None]
+            h += decay * (vu[:, None] * bb[None, :])
+            s += dt
+        tl.store(da_part_ptr + seq * D * N + off_dn, da_acc, mask=mask_dn)
+        tl.store(dc_part_ptr + (blk * n_seq + seq) * N + offs_n, tl.sum(h * dy[:, None], axis=0), mask=mask_n)
+
 def _blocks(n_seq: int, d: int, n: int) -> tuple[int, int, int]:
     """(BLOCK_D, BLOCK_N, warps), a fixed function of the shapes (no autotuning: the backward's partial sums, and
     so its rounding, depend on BLOCK_D, and a resumed run must replay bit for bit).
@@ -153,6 +250,18 @@ def _blocks(n_seq: int, d: int, n: int) -> tuple[int, int, int]:
     11.7/30.5/35.4 µs at 256 and 32.1/103.4/141.3 at 1,024."""
     block_n = triton.next_power_of_2(n)
     block_d = 16 if n_seq < 512 else 64
+    block_d = max(1, min(block_d, triton.next_power_of_2(d), 2048 // block_n))
+    return block_d, block_n, 1
+
+
+def _last_blocks(n_seq: int, d: int, n: int, backward: bool) -> tuple[int, int, int]:
+    """(BLOCK_D, BLOCK_N, warps) for the last-position kernels, a fixed function of the shapes as in `_blocks`.
+    Measured on an H200 at L=32, D=128, N=16 (µs per call inside a CUDA graph; docs/BENCHMARKS.md v10): at 256
+    sequences BLOCK_D 32 with one warp (forward 8.3, backward 19.1; the walk takes 11.5 forward, 30.2 saving its
+    states and 34.9 backward); at 1,024 sequences 64 forward (23.2 against the walk's 32.1) and 16 backward
+    (87.0)."""
+    block_n = triton.next_power_of_2(n)
+    block_d = 32 if n_seq < 512 else (16 if backward else 64)
     block_d = max(1, min(block_d, triton.next_power_of_2(d), 2048 // block_n))
     return block_d, block_n, 1
 
@@ -202,3 +311,43 @@ def fused_scan(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, C: Tensor) -> Ten
     """y_t = C_t · h_t of the recurrence above (no D·u term), differentiable. u, delta: (Bt, L, D); A: (D, N);
     B, C: (Bt, L, N) -> y (Bt, L, D), float32. Needs `available(u.device)`."""
     return _FusedScan.apply(u, delta, A, B, C)
+
+
+class _FusedScanLast(torch.autograd.Function):
+    @staticmethod
+    def forward(ctx, u: Tensor, delta: Tensor, A: Tensor, B: Tensor, c_last: Tensor) -> Tensor:
+        u, delta, A, B, C = (x.contiguous().float() for x in (u, delta, A, B, c_last))
+        n_seq, length, d = u.shape
+        n = A.shape[1]
+        y = u.new_empty((n_seq, d))
+        block_d, block_n, warps = _last_blocks(n_seq, d, n, backward=False)
+        _last_fwd[(n_seq, triton.cdiv(d, block_d))](u, delta, A, B, C, y, length, d, n,
+                                                    BLOCK_D=block_d, BLOCK_N=block_n,
+                                                    EVEN=_even(d, n, block_d, block_n), num_warps=warps)
+        if any(ctx.needs_input_grad):
+            ctx.save_for_backward(u, delta, A, B, C)
+        return y
+
+    @staticmethod
+    def backward(ctx, dy: Tensor):
+        u, delta, A, B, C = ctx.saved_tensors
+        n_seq, length, d = u.shape
+        n = A.shape[1]
+        block_d, block_n, warps = _last_blocks(n_seq, d, n, backward=True)
+        n_blk = triton.cdiv(d, block_d)
+        du, dvu, ds = torch.empty_like(u), torch.empty_like(u), torch.empty_like(u)
+        da_part = u.new_empty((n_seq, d, n))
+        db_part = u.new_empty((n_blk, n_seq, length, n))
+        dc_part = u.new_empty((n_blk, n_seq, n))
+        _last_bwd[(n_seq, n_blk)](u, delta, A, B, C, dy.contiguous().float(), du, dvu, ds, da_part, db_part,
+                                  dc_part, n_seq, length, d, n, BLOCK_D=block_d, BLOCK_N=block_n,
+                                  EVEN=_even(d, n, block_d, block_n), num_warps=warps)
+        # Δ_s sits in every S_t with t < s: its share is the exclusive prefix sum of ∂S over time.
+        ddelta = dvu + (ds.cumsum(1) - ds)
+        return du, ddelta, da_part.sum(0), db_part.sum(0), dc_part.sum(0)
+
+
+def fused_scan_last(u: Tensor, delta: Tensor, A: Tensor, B: Tensor, c_last: Tensor) -> Tensor:
+    """`fused_scan(u, delta, A, B, C)[:, -1]` given only c_last = C[:, -1] (Bt, N), differentiable, in closed
+    form (the kernels above): (Bt, D), float32. Needs `available(u.device)`."""
+    return _FusedScanLast.apply(u, delta, A, B, c_last)
