@@ -47,7 +47,8 @@ def assert_matches_reference(args) -> None:
                              (selective_scan_fused_last, sequential_last)):
         got, want = values_and_grads(fused, args), values_and_grads(reference, args)
         for name, g, w in zip(("y", "du", "ddelta", "dA", "dB", "dC", "dD"), got, want):
-            torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-5 * float(w.abs().max()), msg=f"{fused.__name__} {name}")
+            torch.testing.assert_close(g, w, rtol=2e-5, atol=2e-5 * float(w.abs().max()),
+                                       msg=f"{fused.__name__} {name}")
 
 
 def test_fused_scan_matches_sequential_reference_values_and_gradients_in_triton_interpreter():

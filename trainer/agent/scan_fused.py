@@ -63,20 +63,30 @@ if triton is not None:
         return u, dt, b, c
 
     @triton.jit
+    def _channel_block(blk, D, N, BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr):
+        """Channel block `blk`'s offsets (BLOCK_D,), the state's (BLOCK_N,) and their (BLOCK_D, BLOCK_N) grid."""
+        offs_d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
+        offs_n = tl.arange(0, BLOCK_N)
+        return offs_d, offs_n, offs_d[:, None] * N + offs_n[None, :]
+
+    @triton.jit
+    def _channel_masks(offs_d, offs_n, D, N):
+        """Masks for a block with missing channels or states: (BLOCK_D,), (BLOCK_N,), (BLOCK_D, BLOCK_N)."""
+        mask_d, mask_n = offs_d < D, offs_n < N
+        return mask_d, mask_n, mask_d[:, None] & mask_n[None, :]
+
+    @triton.jit
     def _scan_fwd(u_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr, hs_ptr, L, D, N,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, SAVE: tl.constexpr, EVEN: tl.constexpr):
         seq = tl.program_id(0)
-        offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        offs_n = tl.arange(0, BLOCK_N)
-        off_dn = offs_d[:, None] * N + offs_n[None, :]
+        offs_d, offs_n, off_dn = _channel_block(tl.program_id(1), D, N, BLOCK_D, BLOCK_N)
         # EVEN (D a multiple of BLOCK_D, N == BLOCK_N): no masks at all. The walk issues few instructions per
         # state and step, so masks and per-element address arithmetic are a real share of its time.
         if EVEN:
             mask_d, mask_n, mask_dn, zero = None, None, None, None
         else:
             zero = 0.0
-            mask_d, mask_n = offs_d < D, offs_n < N
-            mask_dn = mask_d[:, None] & mask_n[None, :]
+            mask_d, mask_n, mask_dn = _channel_masks(offs_d, offs_n, D, N)
         # exp(Δ A) as exp2(Δ · A log2 e): one multiply fewer per state and step than tl.exp.
         a2 = tl.load(a_ptr + off_dn, mask=mask_dn, other=zero) * 1.4426950408889634  # (BD, BN)
         h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
@@ -103,15 +113,12 @@ if triton is not None:
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
         seq = tl.program_id(0)
         blk = tl.program_id(1)
-        offs_d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
-        offs_n = tl.arange(0, BLOCK_N)
-        off_dn = offs_d[:, None] * N + offs_n[None, :]
+        offs_d, offs_n, off_dn = _channel_block(blk, D, N, BLOCK_D, BLOCK_N)
         if EVEN:  # as in the forward
             mask_d, mask_n, mask_dn, zero = None, None, None, None
         else:
             zero = 0.0
-            mask_d, mask_n = offs_d < D, offs_n < N
-            mask_dn = mask_d[:, None] & mask_n[None, :]
+            mask_d, mask_n, mask_dn = _channel_masks(offs_d, offs_n, D, N)
         a = tl.load(a_ptr + off_dn, mask=mask_dn, other=zero)
         a2 = a * 1.4426950408889634  # exp(Δ A) = exp2(Δ · A log2 e), as in the forward
         g = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)       # ∂loss/∂h_t
@@ -167,15 +174,12 @@ if triton is not None:
     def _last_fwd(u_ptr, dt_ptr, a_ptr, b_ptr, c_ptr, y_ptr, L, D, N,
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
         seq = tl.program_id(0)
-        offs_d = tl.program_id(1) * BLOCK_D + tl.arange(0, BLOCK_D)
-        offs_n = tl.arange(0, BLOCK_N)
-        off_dn = offs_d[:, None] * N + offs_n[None, :]
+        offs_d, offs_n, off_dn = _channel_block(tl.program_id(1), D, N, BLOCK_D, BLOCK_N)
         if EVEN:  # as in _scan_fwd
             mask_d, mask_n, mask_dn, zero = None, None, None, None
         else:
             zero = 0.0
-            mask_d, mask_n = offs_d < D, offs_n < N
-            mask_dn = mask_d[:, None] & mask_n[None, :]
+            mask_d, mask_n, mask_dn = _channel_masks(offs_d, offs_n, D, N)
         a2 = tl.load(a_ptr + off_dn, mask=mask_dn, other=zero) * 1.4426950408889634
         h = tl.zeros((BLOCK_D, BLOCK_N), dtype=tl.float32)
         s = tl.zeros((BLOCK_D,), dtype=tl.float32)  # S_t, summed walking back from the last step
@@ -198,15 +202,12 @@ if triton is not None:
                   BLOCK_D: tl.constexpr, BLOCK_N: tl.constexpr, EVEN: tl.constexpr):
         seq = tl.program_id(0)
         blk = tl.program_id(1)
-        offs_d = blk * BLOCK_D + tl.arange(0, BLOCK_D)
-        offs_n = tl.arange(0, BLOCK_N)
-        off_dn = offs_d[:, None] * N + offs_n[None, :]
+        offs_d, offs_n, off_dn = _channel_block(blk, D, N, BLOCK_D, BLOCK_N)
         if EVEN:
             mask_d, mask_n, mask_dn, zero = None, None, None, None
         else:
             zero = 0.0
-            mask_d, mask_n = offs_d < D, offs_n < N
-            mask_dn = mask_d[:, None] & mask_n[None, :]
+            mask_d, mask_n, mask_dn = _channel_masks(offs_d, offs_n, D, N)
         a = tl.load(a_ptr + off_dn, mask=mask_dn, other=zero)
         a2 = a * 1.4426950408889634
         dy = tl.load(dy_ptr + seq * D + offs_d, mask=mask_d, other=zero)
