@@ -51,6 +51,25 @@ def assert_matches_reference(args) -> None:
                                        msg=f"{fused.__name__} {name}")
 
 
+def check_last_state_closed_form_by_hand() -> None:
+    """`fused_scan_last` on two steps, one channel, one state, worked by hand. A = -ln 2 and Δ = 1, so each later
+    step halves an earlier term: h_1 = ½ Δ_0 u_0 B_0 + Δ_1 u_1 B_1 = ½·2 + 4 = 5 and y = C_1 h_1 = 5. Gradients of
+    y: ∂u = (½, 1); ∂Δ_0 = ½ u_0 B_0 = 1; ∂Δ_1 = u_1 B_1 + A ½ Δ_0 u_0 B_0 = 4 - ln 2 (Δ_1 is both in the last term
+    and in the decay of the first); ∂A = Δ_1 ½ Δ_0 u_0 B_0 = 1; ∂B = (½ u_0, u_1) = (1, 4); ∂C_1 = h_1 = 5."""
+    import math
+
+    from trainer.agent import scan_fused
+
+    u = torch.tensor([2.0, 4.0]).view(1, 2, 1).requires_grad_()
+    delta, b = torch.ones(1, 2, 1, requires_grad=True), torch.ones(1, 2, 1, requires_grad=True)
+    a, c_last = torch.tensor([[-math.log(2.0)]], requires_grad=True), torch.ones(1, 1, requires_grad=True)
+    y = scan_fused.fused_scan_last(u, delta, a, b, c_last)
+    grads = torch.autograd.grad(y.sum(), (u, delta, a, b, c_last))
+    torch.testing.assert_close(y, torch.tensor([[5.0]]))
+    for got, want in zip(grads, ([0.5, 1.0], [1.0, 4.0 - math.log(2.0)], [1.0], [1.0, 4.0], [5.0])):
+        torch.testing.assert_close(got.flatten(), torch.tensor(want))
+
+
 def test_fused_scan_matches_sequential_reference_values_and_gradients_in_triton_interpreter():
     pytest.importorskip("triton", reason="Triton is not installed (it comes with CUDA builds of PyTorch)")
     # The interpreter is chosen when the kernels are defined, so it runs in a fresh process.
@@ -58,7 +77,9 @@ def test_fused_scan_matches_sequential_reference_values_and_gradients_in_triton_
         import torch
         from trainer.agent import scan_fused
         assert scan_fused.available(torch.device("cpu"))
-        from tests.test_agent_scan import SHAPES, assert_matches_reference, scan_inputs
+        from tests.test_agent_scan import (SHAPES, assert_matches_reference, check_last_state_closed_form_by_hand,
+                                           scan_inputs)
+        check_last_state_closed_form_by_hand()
         for i, shape in enumerate(SHAPES):
             assert_matches_reference(scan_inputs(*shape, seed=i))
         print("ok", len(SHAPES))
