@@ -240,6 +240,7 @@ if triton is not None:
         tl.store(da_part_ptr + seq * D * N + off_dn, da_acc, mask=mask_dn)
         tl.store(dc_part_ptr + (blk * n_seq + seq) * N + offs_n, tl.sum(h * dy[:, None], axis=0), mask=mask_n)
 
+
 def _blocks(n_seq: int, d: int, n: int) -> tuple[int, int, int]:
     """(BLOCK_D, BLOCK_N, warps), a fixed function of the shapes (no autotuning: the backward's partial sums, and
     so its rounding, depend on BLOCK_D, and a resumed run must replay bit for bit).
