@@ -7,7 +7,8 @@ import torch
 
 from trainer.loop.config import preset
 from trainer.loop.fold import FoldTrainer, Window, direction_entropy
-from trainer.loop.step import ACT_CONFINED_MAX_WINDOWS_PER_ITEM, GraphedStep, acting_sm_share, gather_windows
+from trainer.loop.step import (ACT_CONFINED_MAX_WINDOWS_PER_ITEM, GraphedStep, acting_sm_share, compile_options,
+                               gather_windows)
 from trainer.sim.synthetic import random_decision_tape
 
 
@@ -96,6 +97,26 @@ def test_graph_and_eager_give_the_same_losses_for_the_same_seed():
         torch.manual_seed(0)
         torch.cuda.manual_seed(0)
         losses[mode] = _warm_then_run(_trainer(device="cuda", n_envs=256, seed=0), mode, 30).cpu().numpy()
+    np.testing.assert_allclose(losses["graph"], losses["eager"], rtol=2e-2, atol=1e-3)
+
+
+def test_only_autotune_on_cuda_turns_on_inductors_max_autotune():
+    assert compile_options("autotune", torch.device("cuda")) == {"max_autotune": True}
+    for compile, device in (("autotune", "cpu"), ("all", "cuda"), ("sim", "cuda"), ("none", "cuda")):
+        assert compile_options(compile, torch.device(device)) is None
+
+
+@pytest.mark.gpu
+@pytest.mark.slow
+def test_autotuned_graph_step_gives_the_eager_losses():
+    """compile='autotune' (Triton GEMM templates picked by timing, captured in the step's CUDA graph) against the
+    uncompiled eager step, Mamba with the fused scan: the same losses for the same seed within TF32 tolerance."""
+    losses = {}
+    for mode, compile in (("eager", "none"), ("graph", "autotune")):
+        torch.manual_seed(0)
+        torch.cuda.manual_seed(0)
+        trainer = _trainer(device="cuda", n_envs=256, seed=0, compile=compile, encoder="mamba", scan="fused")
+        losses[mode] = _warm_then_run(trainer, mode, 30).cpu().numpy()
     np.testing.assert_allclose(losses["graph"], losses["eager"], rtol=2e-2, atol=1e-3)
 
 

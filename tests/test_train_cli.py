@@ -40,6 +40,12 @@ def test_negative_inventory_penalty_is_refused_naming_the_field():
         _cfg("--inventory-penalty", "-1")
 
 
+def test_autotune_compiles_everything_and_is_refused_with_deterministic():
+    assert _cfg("--preset", "h100", "--compile", "autotune").loop.compile == "autotune"
+    with pytest.raises(ValueError, match="compile='autotune'.*deterministic"):
+        _cfg("--preset", "h100", "--compile", "autotune", "--deterministic")
+
+
 @pytest.mark.slow
 def test_compiled_runs_share_the_inductor_cache_beside_the_runs(tmp_path):
     """--compile puts torch.compile's cache at RUN/../inductor-cache (the PVC in the cluster): the second run of the

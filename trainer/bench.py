@@ -26,6 +26,7 @@ import time
 import torch
 
 from trainer.errors import exit_code_for
+from trainer.loop.config import COMPILE_CHOICES
 from trainer.sim import BRANCH_SIZES, SimConfig, Simulator
 from trainer.sim.synthetic import random_decision_tape
 
@@ -421,9 +422,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--steps", type=int, default=200, help="timed steps (after warm-up)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--no-cuda-graph", action="store_true", help="on CUDA, launch the step eagerly")
-    parser.add_argument("--compile", nargs="?", const="all", default="none", choices=("none", "sim", "all"),
+    parser.add_argument("--compile", nargs="?", const="all", default="none", choices=COMPILE_CHOICES,
                         help="torch.compile (compile time not timed): sim-only, any value compiles the simulator "
-                             "step; full step, 'sim' or 'all' (also the Q-network) as LoopConfig.compile")
+                             "step; full step, 'sim', 'all' (also the Q-network) or 'autotune' (all, GEMMs picked "
+                             "by timing on CUDA) as LoopConfig.compile")
     parser.add_argument("--no-overlap", action="store_true",
                         help="full step: run everything on one CUDA stream (LoopConfig.overlap=False; same values)")
     parser.add_argument("--act-sm-share", type=float,

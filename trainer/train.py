@@ -57,8 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("auto", "eager", "graph"), help="eager, CUDA graph, or auto (graph on CUDA)")
     p.add_argument("--encoder", choices=("mamba", "gru"), help="sequence encoder")
     p.add_argument("--compile", choices=COMPILE_CHOICES,
-                   help="torch.compile in the step: none, sim (simulator step) or all (every tensor-only part of "
-                        "the step: acting, simulator, storing, sampling, the learner's target, loss and statistics)")
+                   help="torch.compile in the step: none, sim (simulator step), all (every tensor-only part of "
+                        "the step: acting, simulator, storing, sampling, the learner's target, loss and statistics) "
+                        "or autotune (all, with GEMM kernels picked by timing on CUDA: ~5 min of compiling)")
     p.add_argument("--deterministic", action="store_true", help="bit-reproducible run (deterministic algorithms)")
     p.add_argument("--checkpoint-every", type=int, help="steps between checkpoints (default 5000)")
     p.add_argument("--keep-checkpoints", type=int, help="newest checkpoints kept (>= 2)")

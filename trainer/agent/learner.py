@@ -12,6 +12,8 @@ one flat buffer that is overwritten in place, never set to None, so their storag
 from __future__ import annotations
 
 import copy
+import functools
+from collections.abc import Callable
 from typing import NamedTuple
 
 import torch
@@ -203,17 +205,19 @@ class Learner:
         self.update_step.add_(1)
         return q_mean
 
-    def compile(self) -> None:
-        """torch.compile the tensor-only pieces of `update` (LoopConfig.compile='all'): the three forwards (online
-        at x' for a*, target at x', online at x with its backward), the target projection with the loss, the clip,
-        and the statistics, whose ~100 0-dim ops fuse into a few kernels. The gradient copy, AdamW (one fused
-        kernel) and Polyak (two foreach kernels) stay eager."""
-        self._greedy_actions = torch.compile(self._greedy_actions, dynamic=False)
-        self._target_logits = torch.compile(self._target_logits, dynamic=False)
-        self._taken_logits = torch.compile(self._taken_logits, dynamic=False)
-        self._cross_entropy = torch.compile(self._cross_entropy, dynamic=False)
-        self._clip_gradient = torch.compile(self._clip_gradient, dynamic=False)
-        self._statistics = torch.compile(self._statistics, dynamic=False)
+    def compile(self, compiled: Callable[[Callable], Callable] = functools.partial(torch.compile, dynamic=False),
+                ) -> None:
+        """Compile the tensor-only pieces of `update` with `compiled` (LoopConfig.compile='all' or 'autotune': the
+        step's torch.compile with its options): the three forwards (online at x' for a*, target at x', online at x
+        with its backward), the target projection with the loss, the clip, and the statistics, whose ~100 0-dim ops
+        fuse into a few kernels. The gradient copy, AdamW (one fused kernel) and Polyak (two foreach kernels) stay
+        eager."""
+        self._greedy_actions = compiled(self._greedy_actions)
+        self._target_logits = compiled(self._target_logits)
+        self._taken_logits = compiled(self._taken_logits)
+        self._cross_entropy = compiled(self._cross_entropy)
+        self._clip_gradient = compiled(self._clip_gradient)
+        self._statistics = compiled(self._statistics)
 
     # ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:

@@ -16,7 +16,7 @@ from trainer.sim import ENV_FEATURES
 from trainer.sim.config import SimConfig
 
 
-COMPILE_CHOICES = ("none", "sim", "all")
+COMPILE_CHOICES = ("none", "sim", "all", "autotune")
 
 
 @dataclass(frozen=True)
@@ -40,7 +40,11 @@ class LoopConfig:
     into a few) or 'all' (every tensor-only part of the step: acting, simulator, n-step store, replay sampling and
     priorities, the learner's target, loss with its backward, and statistics; backward bookkeeping, clip, AdamW
     and Polyak stay eager). Paid once per process (about a minute on a GPU); the values match eager to float
-    rounding, not bit for bit, so it is part of the checkpoint fingerprint."""
+    rounding, not bit for bit, so it is part of the checkpoint fingerprint. 'autotune' is 'all' with inductor's
+    max_autotune on CUDA: matrix products become Triton templates with their neighbours' elementwise work fused in,
+    each picked by timing candidates on the device (on an H200 at 1,024 envs, 0.94 against 1.04 ms per step, for
+    about 5 minutes of compiling per process instead of 1; docs/BENCHMARKS.md v11). On CPU it compiles as 'all'.
+    It cannot be deterministic: the picks depend on timings (the compile cache keeps a retried attempt's)."""
     overlap: bool = True
     """In graph mode (CUDA), run acting (act → simulator → store) and the learner's double-DQN target forwards on
     side streams, concurrently with the learner's online forward and backward (trainer/loop/step.py). Same values
@@ -75,6 +79,9 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.act_sm_share must be in (0, 1], got {self.act_sm_share!r}")
         if self.compile not in COMPILE_CHOICES:
             raise ValueError(f"LoopConfig.compile must be one of {COMPILE_CHOICES}, got {self.compile!r}")
+        if self.deterministic and self.compile == "autotune":
+            raise ValueError("LoopConfig.compile='autotune' picks kernels by timing them, so it cannot be "
+                             "deterministic: use compile='all' with deterministic=True")
 
 
 @dataclass(frozen=True)

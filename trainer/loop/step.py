@@ -21,6 +21,7 @@ included, in the same order either way. Eager steps run everything on one stream
 """
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable
 from dataclasses import dataclass
 
@@ -79,6 +80,12 @@ table at 4,096 and 16,384 envs: 2.39 against 2.16 ms, 2.25 against 1.72), where 
 learner's chain (1.1–1.4 against 0.93 ms) and is the step's critical path itself."""
 
 
+def compile_options(compile: str, device: torch.device) -> dict[str, bool] | None:
+    """Inductor options for `LoopConfig.compile`: with 'autotune' on CUDA, max_autotune (matrix products as Triton
+    templates with fused epilogues, each picked by timing candidates on the device); else None (the defaults)."""
+    return {"max_autotune": True} if compile == "autotune" and device.type == "cuda" else None
+
+
 def acting_sm_share(share: float, act_windows: int, batch_size: int) -> float:
     """The SM share acting runs in: `share` while acting encodes at most ACT_CONFINED_MAX_WINDOWS_PER_ITEM windows
     per batch item, else 1 (every SM)."""
@@ -96,18 +103,19 @@ class TrainStep:
         # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all', the
         # acting path, storing, sampling and the learner's tensor-only pieces. Compiled on the first eager step,
         # so a graph capture afterwards records the compiled kernels.
-        self.sim_step = torch.compile(sim.step, dynamic=False) if compile in ("sim", "all") else sim.step
+        compiled = functools.partial(torch.compile, dynamic=False, options=compile_options(compile, features.device))
+        self.sim_step = compiled(sim.step) if compile != "none" else sim.step
         if compile != "none":
             # Random draws (Thompson sampling) through ATen's generator, as eager makes them: the same seed gives
             # the same actions compiled or not (inductor's own RNG would draw other numbers).
             torch._inductor.config.fallback_random = True
-        if compile == "all":
+        if compile in ("all", "autotune"):
             # Instance attributes wrapping bound methods: state_dict and the checkpoint layout are unchanged.
-            self._act = torch.compile(self._act, dynamic=False)
-            self._store = torch.compile(self._store, dynamic=False)
-            self._sample = torch.compile(self._sample, dynamic=False)
-            self._priorities = torch.compile(self._priorities, dynamic=False)
-            learner.compile()
+            self._act = compiled(self._act)
+            self._store = compiled(self._store)
+            self._sample = compiled(self._sample)
+            self._priorities = compiled(self._priorities)
+            learner.compile(compiled)
         # Acting by row table: the encoder reads only the feature window, a function of the decision row, so when
         # the window has fewer usable rows than there are envs, encoding each row once and gathering by cursor
         # does less work than encoding every env's window (same values; a shape-static choice made here).
