@@ -3,7 +3,7 @@
     python -m trainer.bench --sim-only --n-envs N --steps S --device cpu|cuda [--json]
     python -m trainer.bench --n-envs N --steps S --mode eager|graph|both --device D [--preset h100] [--json]
                             [--act-sm-share F] [--no-overlap]        (where acting runs beside the learner; same values)
-    python -m trainer.bench --profile --n-envs N --device D [--compile sim|all|autotune] [--mode graph]   (kernels per step)
+    python -m trainer.bench --profile --n-envs N --device D [--compile sim|all|autotune] [--mode graph]  (kernels/step)
     python -m trainer.bench --sweep [--n-envs-list 256,1024,4096,16384] --device cuda     (the issue-8 table)
     python -m trainer.bench --pieces --n-envs N --device D [--compile all] [--mode graph]  (ms per piece of a step)
 

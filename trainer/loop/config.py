@@ -38,13 +38,14 @@ class LoopConfig:
     compile: str = "none"
     """torch.compile inside the step: 'none', 'sim' (the simulator step: its ~500 small elementwise kernels fuse
     into a few) or 'all' (every tensor-only part of the step: acting, simulator, n-step store, replay sampling and
-    priorities, the learner's target, loss with its backward, and statistics; backward bookkeeping, clip, AdamW
-    and Polyak stay eager). Paid once per process (about a minute on a GPU); the values match eager to float
+    priorities, the learner's target, loss with its backward, clip and statistics; backward bookkeeping, AdamW and
+    Polyak stay eager). Paid once per process (about a minute on a GPU); the values match eager to float
     rounding, not bit for bit, so it is part of the checkpoint fingerprint. 'autotune' is 'all' with inductor's
-    max_autotune on CUDA: matrix products become Triton templates with their neighbours' elementwise work fused in,
-    each picked by timing candidates on the device (on an H200 at 1,024 envs, 0.94 against 1.04 ms per step, for
-    about 5 minutes of compiling per process instead of 1; docs/BENCHMARKS.md v11). On CPU it compiles as 'all'.
-    It cannot be deterministic: the picks depend on timings (the compile cache keeps a retried attempt's)."""
+    max_autotune on CUDA: each matrix product's kernel is picked by timing candidates on the device (cuBLAS, Triton
+    templates with the neighbouring elementwise work fused in, decompose-K). On an H200 at 1,024 envs: 0.965
+    against 1.024 ms per step, for about 5 minutes of compiling with a cold cache instead of 1 (docs/BENCHMARKS.md
+    v11). On CPU it compiles as 'all'. It cannot be deterministic: the picks depend on timings (the compile cache
+    keeps them for a retried attempt)."""
     overlap: bool = True
     """In graph mode (CUDA), run acting (act → simulator → store) and the learner's double-DQN target forwards on
     side streams, concurrently with the learner's online forward and backward (trainer/loop/step.py). Same values

@@ -100,9 +100,10 @@ class TrainStep:
                  row_range: tuple[int, int] | None = None, compile: str = "none", overlap: bool = True,
                  act_sm_share: float = 1.0):
         self.features, self.sim, self.state = features, sim, state
-        # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all', the
-        # acting path, storing, sampling and the learner's tensor-only pieces. Compiled on the first eager step,
-        # so a graph capture afterwards records the compiled kernels.
+        # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all' or
+        # 'autotune' (the same pieces, GEMM kernels picked by timing: `compile_options`), the acting path, storing,
+        # sampling and the learner's tensor-only pieces. Compiled on the first eager step, so a graph capture
+        # afterwards records the compiled kernels.
         compiled = functools.partial(torch.compile, dynamic=False, options=compile_options(compile, features.device))
         self.sim_step = compiled(sim.step) if compile != "none" else sim.step
         if compile != "none":
