@@ -57,6 +57,22 @@ def test_preset_clears_size_parameters_unless_given_explicitly():
     assert params["image"] == "reg/x:1" and "preset" not in params and "n-steps" not in params
 
 
+def test_compile_reaches_the_trainer_only_when_given():
+    from trainer.loop.config import COMPILE_CHOICES
+    from workflows.submit import COMPILE_CHOICES as SUBMIT_CHOICES
+    from workflows.template import render
+
+    assert SUBMIT_CHOICES == COMPILE_CHOICES
+    assert workflow_parameters(_parser().parse_args(["--compile", "autotune"]), SHA)["compile"] == "autotune"
+    assert "compile" not in workflow_parameters(_parser().parse_args([]), SHA)
+    # Not given, the template's "" makes workflows.launch drop `--compile ""`: the trainer's preset decides.
+    params = {p["name"]: p.get("value") for p in render()["spec"]["arguments"]["parameters"]}
+    assert params["compile"] == ""
+    train = next(t for t in render()["spec"]["templates"] if t["name"] == "train-fold")
+    args = train["container"]["args"]
+    assert args[args.index("--compile") + 1] == "{{workflow.parameters.compile}}"
+
+
 @pytest.mark.parametrize("folds", ["0", "-1"])
 def test_fewer_than_one_fold_is_refused_with_exit_2(folds):
     proc = cli("--folds", folds, "--sha", SHA, "--dry-run")

@@ -27,6 +27,9 @@ import yaml
 from trainer.errors import exit_code_for
 from workflows.template import DEFAULTS, PARAMETER_DEFAULTS, REPO_ROOT, render
 
+COMPILE_CHOICES = ("none", "sim", "all", "autotune")
+"""trainer.loop.config.COMPILE_CHOICES, repeated so that submitting imports no torch (a test keeps them equal)."""
+
 __all__ = ["ClusterError", "resolve_sha", "workflow_parameters", "build_workflow", "main"]
 
 GROUP, VERSION = "argoproj.io", "v1alpha1"
@@ -84,7 +87,7 @@ def workflow_parameters(ns: argparse.Namespace, sha: str) -> dict[str, str]:
         if getattr(ns, attr) is not None:
             params[key] = str(getattr(ns, attr))
     for key, attr in (
-        ("data", "data"), ("fold-mode", "fold_mode"), ("seed", "seed"), ("device", "device"),
+        ("data", "data"), ("compile", "compile"), ("fold-mode", "fold_mode"), ("seed", "seed"), ("device", "device"),
         ("gpu-pool", "gpu_pool"), ("pvc", "pvc"),
     ):  # fmt: skip
         if getattr(ns, attr) is not None:
@@ -221,6 +224,8 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--per-capacity", type=int, help="replay capacity")
     ap.add_argument("--data", help="data SPEC (default: synthetic)")
     ap.add_argument("--preset", choices=("smoke", "h100"), help="trainer preset (local default: smoke)")
+    ap.add_argument("--compile", choices=COMPILE_CHOICES,
+                    help="torch.compile in the trainer's step (default: the preset's; 'autotune' on long GPU runs)")
     ap.add_argument("--fold-mode", choices=("independent", "chain"))
     ap.add_argument("--seed", type=int)
     ap.add_argument("--device", choices=("auto", "cpu", "cuda"), help="(local default: auto)")
