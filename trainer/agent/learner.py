@@ -12,7 +12,6 @@ one flat buffer that is overwritten in place, never set to None, so their storag
 from __future__ import annotations
 
 import copy
-import functools
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -205,8 +204,7 @@ class Learner:
         self.update_step.add_(1)
         return q_mean
 
-    def compile(self, compiled: Callable[[Callable], Callable] = functools.partial(torch.compile, dynamic=False),
-                ) -> None:
+    def compile(self, compiled: Callable[[Callable], Callable]) -> None:
         """Compile the tensor-only pieces of `update` with `compiled` (LoopConfig.compile='all' or 'autotune': the
         step's torch.compile with its options): the three forwards (online at x' for a*, target at x', online at x
         with its backward), the target projection with the loss, the clip, and the statistics, whose ~100 0-dim ops
