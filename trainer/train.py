@@ -74,6 +74,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--s3-bucket", default=os.environ.get("ALPHA_RL_S3_BUCKET"),
                    help="mirror checkpoints to s3://BUCKET/PREFIX/<sha>/fold<N>/ (env ALPHA_RL_S3_BUCKET)")
     p.add_argument("--s3-prefix", default=os.environ.get("ALPHA_RL_S3_PREFIX", "alpha-rl"), help="S3 key prefix")
+    p.add_argument("--set", action="append", default=[], metavar="SECTION.FIELD=VALUE",
+                   help="override any config field, e.g. --set agent.thompson_scale=0.2 (value parsed as JSON, "
+                        "else taken as a string); repeatable, applied last")
     p.add_argument("--test-oom-at-step", type=int, default=None, help=argparse.SUPPRESS)  # test hook, see tests
     return p
 
@@ -109,7 +112,20 @@ def config_from_args(args: argparse.Namespace):
     agent = {k: v for k, v in {"batch_size": args.batch_size, "encoder": args.encoder}.items() if v is not None}
     if agent:
         sections["agent"] = agent
-    return cfg.replace(data=data, **sections)
+    cfg = cfg.replace(data=data, **sections)
+    overrides: dict[str, dict] = {}
+    for item in args.set:
+        key, sep, text = item.partition("=")
+        section, dot, name = key.partition(".")
+        if not (sep and dot and section in ("features", "sim", "agent", "replay", "loop")):
+            raise ValueError(f"--set {item!r}: expected SECTION.FIELD=VALUE with SECTION one of features, sim, agent, "
+                             "replay, loop")
+        try:
+            value = json.loads(text)
+        except json.JSONDecodeError:
+            value = text
+        overrides.setdefault(section, {})[name] = value
+    return cfg.replace(**overrides) if overrides else cfg
 
 
 def fingerprint(cfg_dict: dict, data_key: str, layout: dict) -> dict:
@@ -313,11 +329,8 @@ def run(args: argparse.Namespace) -> int:
         if mirror is not None:
             mirror.close(timeout=60)
 
-        # out-of-sample evaluation: greedy (argmax E[Q]) on the next window
-        trainer.learner.online.eval()
-
-        def greedy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
-            return trainer.learner.act(obs, env_state, explore=False)
+        # out-of-sample evaluation on the next window: greedy (argmax E[Q]) with the selected weights, or flat
+        greedy = trainer.deployed_policy()
 
         from trainer.folds.baselines import run_baselines
         from trainer.folds.evaluate import EvalConfig
@@ -343,6 +356,7 @@ def run(args: argparse.Namespace) -> int:
             "wall_seconds": round(trainer.wall_seconds, 3),
             "checkpoint_seconds": round(ckpt.seconds, 3),
             "fold_mode": args.fold_mode,
+            **trainer.selection_summary(),
             "baselines": baselines,
         }
         np.save(fold_dir / "equity.npy", res.equity)  # continuous-pass equity curve for the report

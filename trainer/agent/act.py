@@ -9,6 +9,13 @@ broken uniformly at random by adding a jitter in [0, Δz/2) to each draw: it can
 on different atoms (they differ by >= Δz) and avoids argmax's bias towards the lowest index.
 Padded actions (`action_mask` False) get -inf and are never chosen.
 
+Sampling from the C51 distribution draws from the *return* distribution (aleatoric noise), not from a posterior
+over the mean: on order-book returns the spread of one return (~atoms wide) dwarfs the differences of the means
+between directions, so plain draws choose directions almost uniformly (docs/RESULTS.md, diagnosis). `noise_scale`
+κ shrinks each draw towards its action's mean, score = E[Q] + κ·(z − E[Q]): κ = 1 is plain Thompson sampling, κ = 0
+is greedy, in between the exploration still concentrates on actions whose distributions overlap the best one
+(AgentConfig.thompson_scale, with an optional linear anneal: `thompson_scale_at`).
+
 No host syncs, fixed shapes, no branching on tensor values: CUDA-graph capturable. The random
 draws come from the default generator of the logits' device (generator-free, so a captured graph
 replays with fresh numbers through PyTorch's graph-safe Philox offsets).
@@ -34,9 +41,27 @@ def thompson_returns(logits: Tensor, support: Tensor) -> Tensor:
     return support[atom] + jitter
 
 
-def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore: bool) -> Tensor:
+def thompson_scale_at(update_step: Tensor, start: float, final: float, anneal_updates: int) -> Tensor | float:
+    """κ at `update_step` (0-dim device tensor): linear from `start` to `final` over `anneal_updates` gradient
+    steps, then `final`. Without an anneal (anneal_updates == 0 or final == start) the Python float `start`, so the
+    default κ = 1 adds no kernel. Tensor math on the device: no host sync, graph-capturable."""
+    if anneal_updates == 0 or final == start:
+        return start
+    frac = (update_step.to(torch.float32) / anneal_updates).clamp(max=1.0)  # ()
+    return start + (final - start) * frac
+
+
+def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore: bool,
+                   noise_scale: Tensor | float = 1.0) -> Tensor:
     """logits (B, n_branches, A_max, N); support (N,); action_mask (n_branches, A_max) bool.
-    Returns actions (B, n_branches) int64: Thompson draws when `explore`, else argmax E[Q]."""
-    score = thompson_returns(logits, support) if explore else expected_q(logits, support)  # (B, nb, A_max)
+    Returns actions (B, n_branches) int64: Thompson draws shrunk by `noise_scale` towards E[Q] when `explore`
+    (see the module docstring), else argmax E[Q]."""
+    if not explore:
+        score = expected_q(logits, support)  # (B, nb, A_max)
+    elif isinstance(noise_scale, float) and noise_scale == 1.0:
+        score = thompson_returns(logits, support)  # plain Thompson: the draws themselves
+    else:
+        mean = expected_q(logits, support)
+        score = mean + noise_scale * (thompson_returns(logits, support) - mean)
     score = score.masked_fill(~action_mask, float("-inf"))
     return score.argmax(dim=-1)

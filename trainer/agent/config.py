@@ -58,6 +58,15 @@ class AgentConfig:
     n_step: int = 3
     """n of the n-step return (used by the replay accumulator; recorded here for the fingerprint)."""
 
+    # --- exploration -------------------------------------------------------------------------
+    thompson_scale: float = 1.0
+    """κ of training's Thompson sampling: each action scores E[Q] + κ·(z − E[Q]) for a return z drawn from its C51
+    distribution (trainer/agent/act.py). 1 samples the return distribution itself; 0 is greedy."""
+    thompson_scale_final: float = 1.0
+    """κ after the anneal: κ moves linearly from `thompson_scale` to this over `thompson_anneal_updates`."""
+    thompson_anneal_updates: int = 0
+    """Gradient steps of the linear κ anneal (0: κ stays `thompson_scale`)."""
+
     # --- optimiser ---------------------------------------------------------------------------
     lr: float = 2.5e-4
     """Base AdamW learning rate; the controller scales it (warm-up, Q drift) every update."""
@@ -160,6 +169,11 @@ class AgentConfig:
                 raise bad(f, "must be in (0, 1]")
         if self.clip_max < self.clip_min:
             raise bad("clip_max", f"must be >= clip_min={self.clip_min}")
+        for f in ("thompson_scale", "thompson_scale_final"):
+            if not (math.isfinite(getattr(self, f)) and getattr(self, f) >= 0):
+                raise bad(f, "must be finite and >= 0")
+        if not isinstance(self.thompson_anneal_updates, int) or self.thompson_anneal_updates < 0:
+            raise bad("thompson_anneal_updates", "must be an integer >= 0")
         if self.kill_warmup_samples < 3:
             raise bad("kill_warmup_samples", "must be >= 3 (a median and MAD need three samples)")
         if self.kill_warmup_samples >= self.kill_window:

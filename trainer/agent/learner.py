@@ -19,7 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.agent.act import select_actions
+from trainer.agent.act import select_actions, thompson_scale_at
 from trainer.agent.c51 import project_distribution
 from trainer.agent.config import AgentConfig
 from trainer.agent.controllers import Controllers
@@ -90,7 +90,12 @@ class Learner:
     def act(self, obs: Tensor, env_state: Tensor, explore: bool) -> Tensor:
         """Actions (B, n_branches) int64 from the online net (Thompson when `explore`, else greedy)."""
         logits = self.online(obs, env_state)
-        return select_actions(logits, self.online.support, self.online.action_mask, explore)
+        return select_actions(logits, self.online.support, self.online.action_mask, explore, self.thompson_scale())
+
+    def thompson_scale(self) -> Tensor | float:
+        """κ of the exploring draws at the current update step (AgentConfig.thompson_scale; device math)."""
+        c = self.cfg
+        return thompson_scale_at(self.update_step, c.thompson_scale, c.thompson_scale_final, c.thompson_anneal_updates)
 
     @torch.no_grad()
     def polyak_update(self, tau: Tensor | float) -> None:

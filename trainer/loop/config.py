@@ -65,15 +65,28 @@ class LoopConfig:
     """Parallel greedy backtests spread over the evaluation window (plus one continuous pass)."""
     grace_seconds: float = 30.0
     """After SIGTERM/SIGINT: finish the step, checkpoint, exit 143 within this budget."""
+    select_frac: float = 0.0
+    """Share of the training window's rows, at its end, held out for model selection (trainer/loop/select.py): never
+    trained on; the greedy policy is backtested there every `select_every` steps and the best weights, not the
+    last, go to out-of-sample evaluation. 0 turns selection off (the last weights are evaluated)."""
+    select_every: int = 250
+    """Steps between validation backtests when `select_frac` > 0 (each is one host sync); one more runs at the end."""
+    select_envs: int = 16
+    """Validation backtests, at evenly spaced start rows of the held-out slice, each over its own contiguous part."""
+    select_min_net: float = 0.0
+    """The fold stands aside (never opens a position out of sample) unless the best validated network netted more
+    than this (currency, after fees) on the held-out slice."""
 
     def __post_init__(self) -> None:
-        for name in ("n_steps", "log_every", "checkpoint_every", "eval_envs"):
+        for name in ("n_steps", "log_every", "checkpoint_every", "eval_envs", "select_every", "select_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)!r}")
         if self.learning_starts < 0:
             raise ValueError(f"LoopConfig.learning_starts must be >= 0, got {self.learning_starts!r}")
         if self.keep_checkpoints < 2:
             raise ValueError(f"LoopConfig.keep_checkpoints must be >= 2, got {self.keep_checkpoints!r}")
+        if not 0.0 <= self.select_frac < 1.0:
+            raise ValueError(f"LoopConfig.select_frac must be in [0, 1), got {self.select_frac!r}")
         if self.mode not in ("auto", "eager", "graph"):
             raise ValueError(f"LoopConfig.mode must be auto|eager|graph, got {self.mode!r}")
         if not 0.0 < self.act_sm_share <= 1.0:

@@ -25,8 +25,9 @@ from trainer.agent.replay import NStepAccumulator, PrioritizedReplay, effective_
 from trainer.features.decision import DecisionTape
 from trainer.loop.config import TrainConfig
 from trainer.loop.log import JsonLog, eta_text
+from trainer.loop.select import Selector, split_validation
 from trainer.loop.step import GraphedStep, StepMetrics, TrainStep
-from trainer.sim import ENV_FEATURES, Simulator
+from trainer.sim import ENV_FEATURES, FLAT, MARKET, Simulator
 
 
 class Checkpointer(Protocol):
@@ -95,10 +96,12 @@ class FoldTrainer:
         self.agent_cfg = agent_config_for(cfg, int(features.shape[1]))
         W = self.agent_cfg.window
         dev = self.device
-        self.features = torch.as_tensor(features, dtype=torch.float32, device=dev)  # (T, F) normalised
-        self.sim = Simulator(tape, cfg.sim, dev)
-        self.state = self.sim.reset(train.start, train.stop, min_history=W - 1)
         lc = cfg.loop
+        self.features = torch.as_tensor(features, dtype=torch.float32, device=dev)  # (T, F) normalised
+        # Model selection holds out the window's last rows: training acts on [train.start, train_stop) only.
+        train_stop, val_start = split_validation(train.start, train.stop, lc.select_frac, W)
+        self.sim = Simulator(tape, cfg.sim, dev)
+        self.state = self.sim.reset(train.start, train_stop, min_history=W - 1)
         self.mode = lc.mode if lc.mode != "auto" else (
             "graph" if dev.type == "cuda" and not lc.deterministic else "eager")
         # Side streams pay off in a captured graph only: an eager step is host-bound, and they cost it host time.
@@ -115,8 +118,10 @@ class FoldTrainer:
         self.dir_counts = torch.zeros(4, device=dev)
         self.step_fn = TrainStep(self.features, self.sim, self.state, self.learner, self.nstep, self.replay,
                                  W, self.agent_cfg.batch_size, self.dir_counts,
-                                 row_range=(train.start + W - 1, train.stop), compile=cfg.loop.compile,
+                                 row_range=(train.start + W - 1, train_stop), compile=cfg.loop.compile,
                                  overlap=overlap, act_sm_share=lc.act_sm_share)
+        self.selector = None if lc.select_frac <= 0 else Selector(
+            self.learner, self.features, tape, cfg.sim, W, val_start, train.stop, lc.select_envs, lc.select_min_net)
         self.env_step = 0  # loop iterations done (each is n_envs env steps); host-side, no sync needed
         self.update_step = 0  # gradient steps done
         self.wall_seconds = 0.0  # accumulated over attempts
@@ -126,7 +131,8 @@ class FoldTrainer:
 
     def state_dict(self) -> dict[str, dict[str, torch.Tensor]]:
         counters = torch.tensor([self.env_step, self.update_step, self.fold], dtype=torch.int64)
-        return {
+        select = {} if self.selector is None else {"select": self.selector.state_dict()}
+        return {**select,
             "learner": self.learner.state_dict(),
             "replay": self.replay.state_dict(),
             "nstep": self.nstep.state_dict(),
@@ -140,6 +146,8 @@ class FoldTrainer:
         self.replay.load_state_dict(sections["replay"])
         self.nstep.load_state_dict(sections["nstep"])
         self.state.load_state_dict(sections["sim"])
+        if self.selector is not None:
+            self.selector.load_state_dict(sections["select"])
         loop = sections["loop"]
         env_step, update_step, fold = (int(x) for x in loop["counters"].tolist())
         if fold != self.fold:
@@ -205,6 +213,9 @@ class FoldTrainer:
                 if self.env_step % lc.log_every == 0 or self.env_step == lc.n_steps:
                     self._log_interval(t0, steps_at_t0)
                     t0, steps_at_t0 = time.perf_counter(), self.env_step
+                if self.selector is not None and self._learning() and (
+                        self.env_step % lc.select_every == 0 or self.env_step == lc.n_steps):
+                    self._validate()
                 if self._stop_signal is not None:
                     self.wall_seconds += time.perf_counter() - attempt_t0
                     attempt_t0 = time.perf_counter()
@@ -216,12 +227,39 @@ class FoldTrainer:
                     self.wall_seconds += time.perf_counter() - attempt_t0
                     attempt_t0 = time.perf_counter()
                     checkpointer.save(self)
+            if self.selector is not None and self.selector.last_step != self.env_step:
+                self._validate()  # e.g. n_steps raised on a resumed run: the last weights are a candidate too
             self.wall_seconds += time.perf_counter() - attempt_t0
             if checkpointer is not None:
                 checkpointer.save(self, final=True)
         finally:
             for s, h in old.items():
                 signal.signal(s, h)
+
+    def _validate(self) -> None:
+        self.log.event("validate", env_step=self.env_step, **self.selector.validate(self.env_step))
+
+    def deployed_policy(self):
+        """The policy that goes to out-of-sample evaluation: greedy (argmax E[Q]) with the selected weights loaded
+        into the online net, or always FLAT when model selection stood aside (trainer/loop/select.py)."""
+        self.learner.online.eval()
+        if self.selector is not None:
+            self.selector.load_best()
+            if self.selector.stands_aside:
+                def stand_aside(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
+                    a = torch.zeros(obs.shape[0], self.agent_cfg.n_branches, dtype=torch.int64, device=obs.device)
+                    a[:, 0], a[:, 2] = FLAT, MARKET
+                    return a
+
+                return stand_aside
+
+        def greedy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
+            return self.learner.act(obs, env_state, explore=False)
+
+        return greedy
+
+    def selection_summary(self) -> dict:
+        return {} if self.selector is None else self.selector.summary()
 
     @property
     def weights_hash(self) -> str:

@@ -166,7 +166,8 @@ class TrainStep:
             z_table = net.encoder(gather_windows(self.features, self.table_rows, self.window))  # (R, d_model)
             z = z_table.index_select(0, row - self.table_rows[0])  # (n_envs, d_model)
             logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
-            return row, env_state, select_actions(logits, net.support, net.action_mask, explore=True)
+            return row, env_state, select_actions(logits, net.support, net.action_mask, explore=True,
+                                                  noise_scale=self.learner.thompson_scale())
 
     def __call__(self) -> None:
         """One training step (see the module docstring for the order and the overlap)."""

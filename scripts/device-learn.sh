@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# Learning experiments on the lent H200 machine (docs/RESULTS.md): CPU smoke variants on its cores and h100 variants
+# on its GPU, at once. Usage: bash scripts/device-learn.sh OUT SECONDS "SMOKE_ARGS" "H100_ARGS"
+# (SMOKE_ARGS / H100_ARGS: scripts/experiment.py arguments without --out; empty skips that part).
+set -uo pipefail
+out=$1; secs=$2; smoke=$3; h100=$4
+if [ -d .whl ]; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
+  export PYTHONPATH=/tmp/site:$PWD
+fi
+export PYTHONUNBUFFERED=1 ALPHA_RL_DATA_DIR=${ALPHA_RL_DATA_DIR:-$PWD/.devdata/data}
+mkdir -p "$out"
+if [ -n "$h100" ]; then
+  (eval timeout "$secs" python3 scripts/experiment.py --out /tmp/exp-h100 --preset h100 $h100 > "$out/h100.log" 2>&1;
+   eval python3 scripts/experiment.py --out /tmp/exp-h100 --preset h100 $h100 --table-only > "$out/h100-table.md" 2>&1) &
+fi
+if [ -n "$smoke" ]; then
+  (export OMP_NUM_THREADS=1; eval timeout "$secs" python3 scripts/experiment.py --out /tmp/exp-smoke --preset smoke $smoke > "$out/smoke.log" 2>&1;
+   eval python3 scripts/experiment.py --out /tmp/exp-smoke --preset smoke $smoke --table-only > "$out/smoke-table.md" 2>&1) &
+fi
+wait
+tar czf "$out/results.tgz" --exclude='*.bin' --exclude='*.npy' --exclude=fxcache --exclude=inductor-cache \
+  /tmp/exp-smoke /tmp/exp-h100 2>/dev/null
+tail -n 4 "$out"/*.log
+cat "$out"/*-table.md

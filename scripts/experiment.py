@@ -1,0 +1,107 @@
+"""Learning experiments: every (variant, seed, fold) as its own `python -m trainer.train` process, a pool of them in
+parallel, then one table per variant against the OFI rule (docs/RESULTS.md keeps the tables and the commands).
+
+    python scripts/experiment.py --out DIR --data synthetic --preset smoke --seeds 0,1 --workers 8 \
+        --variant base= --variant k02="--set agent.thompson_scale=0.2"
+
+Each variant is NAME=FLAGS (extra trainer flags, shell-quoted). Results land in DIR/NAME/seed<S>/fold<N>/result.json;
+the table (stdout and DIR/table.md) gives per variant: net PnL per fold (mean over seeds), the OFI rule's net on the
+same windows, win rate, trades, time in market, folds stood aside, and how many (seed, fold) runs beat the OFI rule.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shlex
+import statistics
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+
+def run_one(out: Path, name: str, flags: str, seed: int, fold: int, args) -> tuple[str, int, int, int, float]:
+    run_dir = out / name / f"seed{seed}"
+    cmd = [sys.executable, "-m", "trainer.train", "--run-dir", str(run_dir), "--fold", str(fold), "--folds",
+           str(args.folds), "--data", args.data, "--preset", args.preset, "--seed", str(seed),
+           "--fxcache", str(out / "fxcache"), *shlex.split(flags)]
+    if args.n_steps:
+        cmd += ["--n-steps", str(args.n_steps)]
+    t0 = time.time()
+    (run_dir / f"fold{fold}").mkdir(parents=True, exist_ok=True)
+    with open(run_dir / f"fold{fold}" / "stdout.log", "w") as so, open(run_dir / f"fold{fold}" / "stderr.log", "w") as se:
+        rc = subprocess.call(cmd, stdout=so, stderr=se)
+    return name, seed, fold, rc, time.time() - t0
+
+
+def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> str:
+    lines = ["| variant | agent net per fold (mean over seeds) | OFI net per fold | agent total | OFI total | "
+             "beats OFI (runs) | win rate | trades | time in market | stood aside | val best net |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    for name in variants:
+        per_fold, ofi_fold, wins, trades, tim, aside, beats, runs, val = [], [], [], [], [], 0, 0, 0, []
+        for fold in range(folds):
+            nets, ofis = [], []
+            for seed in seeds:
+                p = out / name / f"seed{seed}" / f"fold{fold}" / "result.json"
+                if not p.exists():
+                    continue
+                r = json.loads(p.read_text())
+                ofi = r["baselines"]["ofi_rule"]["net_pnl"]
+                nets.append(r["net_pnl"]), ofis.append(ofi)
+                runs += 1
+                beats += r["net_pnl"] > ofi
+                if r["trades"]:
+                    wins.append(r["win_rate"])
+                trades.append(r["trades"]), tim.append(r.get("time_in_market", 0.0))
+                aside += bool(r.get("stood_aside", False))
+                if r.get("select_best_net_pnl") is not None:
+                    val.append(r["select_best_net_pnl"])
+            per_fold.append(statistics.fmean(nets) if nets else float("nan"))
+            ofi_fold.append(statistics.fmean(ofis) if ofis else float("nan"))
+        mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
+        lines.append(f"| {name} | {' / '.join(f'{x:+,.0f}' for x in per_fold)} | "
+                     f"{' / '.join(f'{x:+,.0f}' for x in ofi_fold)} | {sum(per_fold):+,.0f} | {sum(ofi_fold):+,.0f} | "
+                     f"{beats}/{runs} | {mean(wins):.3f} | {mean(trades):.0f} | {mean(tim):.2f} | {aside} | "
+                     f"{mean(val):+,.0f} |")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--out", type=Path, required=True)
+    p.add_argument("--data", default="synthetic")
+    p.add_argument("--preset", default="smoke")
+    p.add_argument("--folds", type=int, default=3)
+    p.add_argument("--seeds", default="0")
+    p.add_argument("--n-steps", type=int, default=0)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--variant", action="append", required=True, help="NAME=FLAGS")
+    p.add_argument("--table-only", action="store_true")
+    args = p.parse_args()
+    variants = dict(v.split("=", 1) for v in args.variant)
+    seeds = [int(s) for s in args.seeds.split(",")]
+    args.out.mkdir(parents=True, exist_ok=True)
+    if not args.table_only:
+        # Features once, before the pool: every process then finds them in the cache.
+        datas = {args.data}
+        for flags in variants.values():
+            words = shlex.split(flags)
+            datas.update(words[i + 1] for i, w in enumerate(words[:-1]) if w == "--data")
+        for data in sorted(datas):
+            subprocess.check_call([sys.executable, "-m", "trainer.features", "--data", data, "--cache-dir",
+                                   str(args.out / "fxcache")], stdout=subprocess.DEVNULL)
+        jobs = [(n, f, s, k) for n, f in variants.items() for s in seeds for k in range(args.folds)]
+        with ThreadPoolExecutor(args.workers) as pool:
+            for name, seed, fold, rc, sec in pool.map(lambda j: run_one(args.out, *j, args), jobs):
+                print(f"{name} seed{seed} fold{fold} rc={rc} {sec:.0f}s", flush=True)
+    text = table(args.out, variants, seeds, args.folds)
+    (args.out / "table.md").write_text(text + "\n")
+    print(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,117 @@
+"""Model selection on a held-out slice at the end of the training window (LoopConfig.select_frac).
+
+The last `select_frac` of the training window's rows are never trained on. Every `select_every` steps the greedy
+policy (argmax E[Q], as in out-of-sample evaluation) is backtested on that slice, and the online weights with the
+best validation net PnL are kept (a device copy). At the end of the fold those weights, not the last ones, go to
+out-of-sample evaluation. The null model is a candidate too: when no evaluated network nets more than
+`select_min_net` on the slice, the fold stands aside (its deployed policy never opens a position): staying flat
+when nothing paid on data the network never trained on is then a decision taken on evidence, not a collapse.
+
+Validation backtests: `select_envs` envs start at evenly spaced rows of the slice, each replays its own contiguous
+part greedily, then every env is flattened by a market order so open positions are counted with their fees (the
+same rules as trainer/folds/evaluate.py's segment backtests, which this stage cannot import). Deterministic: greedy
+actions and given start rows draw no random numbers, so a resumed run selects exactly as an uninterrupted one.
+Each validation is one host sync (reading the backtest's PnL), at the select interval only.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from trainer.agent.learner import Learner
+from trainer.features.decision import DecisionTape
+from trainer.loop.step import gather_windows
+from trainer.sim import FLAT, MARKET, SimConfig, Simulator
+
+
+def split_validation(start: int, stop: int, select_frac: float, window: int) -> tuple[int, int]:
+    """(train_stop, val_start): the rows [val_start, stop) are held out; [start, train_stop) are trained on.
+
+    train_stop == val_start. The slice keeps at least `window` + 2 rows (a full observation window plus one step) and
+    so does the training part; ValueError naming the sizes otherwise."""
+    if select_frac <= 0.0:
+        return stop, stop
+    n = stop - start
+    n_val = max(int(round(n * select_frac)), window + 2)
+    if n - n_val < window + 2:
+        raise ValueError(f"LoopConfig.select_frac={select_frac}: the training window [{start}, {stop}) has {n} rows, "
+                         f"too few to hold out {n_val} and keep {window + 2} to train on")
+    return stop - n_val, stop - n_val
+
+
+class Selector:
+    """Validation backtests of the greedy policy and the best weights so far (state for checkpoints)."""
+
+    def __init__(self, learner: Learner, features: torch.Tensor, tape: DecisionTape, sim_cfg: SimConfig,
+                 window: int, val_start: int, val_stop: int, n_envs: int, min_net: float):
+        self.learner, self.features, self.window = learner, features, window
+        self.val_start, self.val_stop, self.min_net = val_start, val_stop, min_net
+        first = val_start + window - 1  # first row with a full observation window inside the slice
+        span = val_stop - 1 - first
+        n_seg = max(1, min(n_envs, span))
+        self.seg_len = span // n_seg
+        dev = features.device
+        self.sim = Simulator(tape, dataclasses.replace(sim_cfg, n_envs=n_seg), dev)
+        self.start_rows = first + torch.arange(n_seg, device=dev, dtype=torch.int64) * self.seg_len  # (n_seg,)
+        n_params = sum(p.numel() for p in learner.params)
+        self.best_params = torch.zeros(n_params, device=dev)  # (n_params,) flat copy of the best online weights
+        # [best validation net PnL, env_step it was seen at, validations run, latest net PnL, latest env_step]
+        self.record = torch.tensor([float("-inf"), -1.0, 0.0, float("nan"), -1.0], dtype=torch.float64)
+
+    @torch.no_grad()
+    def validate(self, env_step: int) -> dict[str, float]:
+        """Backtest the current greedy policy on the slice; keep its weights if it is the best so far."""
+        net = self.learner.online
+        was_training = net.training
+        net.eval()
+        sim = self.sim
+        state = sim.reset(self.val_start, self.val_stop, min_history=self.window - 1, start_rows=self.start_rows)
+        for _ in range(self.seg_len):
+            obs = gather_windows(self.features, state.cursor, self.window)
+            sim.step(state, self.learner.act(obs, sim.env_features(state), explore=False))
+        close = torch.zeros(sim.cfg.n_envs, 4, dtype=torch.int64, device=self.features.device)
+        close[:, 0], close[:, 2] = FLAT, MARKET
+        sim.step(state, close)
+        stats = sim.stats(state)
+        net_pnl, trades = float(stats["net_pnl"]), int(stats["round_trips"])  # host sync, once per validation
+        net.train(was_training)
+        best, _, count, _, _ = self.record.tolist()
+        improved = net_pnl > best
+        if improved:
+            torch.cat([p.detach().reshape(-1) for p in self.learner.params], out=self.best_params)
+            best = net_pnl
+            self.record[1] = env_step
+        self.record[0], self.record[2], self.record[3], self.record[4] = best, count + 1, net_pnl, env_step
+        return {"val_net_pnl": net_pnl, "val_trades": trades, "val_best_net_pnl": best, "improved": improved}
+
+    @property
+    def last_step(self) -> int:
+        """env_step of the latest validation (-1: none yet)."""
+        return int(self.record[4])
+
+    @property
+    def stands_aside(self) -> bool:
+        """True when no validated network netted more than `min_net` on the slice (or none was validated)."""
+        return not float(self.record[0]) > self.min_net
+
+    def load_best(self) -> None:
+        """Copy the best weights into the online network (the one evaluation reads)."""
+        offset = 0
+        with torch.no_grad():
+            for p in self.learner.params:
+                p.copy_(self.best_params[offset:offset + p.numel()].view_as(p))
+                offset += p.numel()
+
+    def summary(self) -> dict[str, float | int | bool]:
+        best, step, count, last, _ = self.record.tolist()
+        return {"select_best_net_pnl": best if count else None, "select_best_step": int(step),
+                "select_validations": int(count), "select_last_net_pnl": last if count else None,
+                "stood_aside": self.stands_aside, "select_rows": [self.val_start, self.val_stop]}
+
+    def state_dict(self) -> dict[str, torch.Tensor]:
+        return {"best_params": self.best_params, "record": self.record}
+
+    def load_state_dict(self, d: dict[str, torch.Tensor]) -> None:
+        self.best_params.copy_(d["best_params"])
+        self.record.copy_(d["record"])
