@@ -1,4 +1,4 @@
-"""The trainer image recipe, its lock file and its build script (no Docker daemon in CI; the lock resolves on the index)."""
+"""The trainer image recipe, its lock file and its build script (no Docker daemon in CI; pins resolve on the index)."""
 from __future__ import annotations
 
 import re
@@ -100,7 +100,9 @@ def _resolve(lock: Path) -> subprocess.CompletedProcess:
     --isolated: no local pip config, constraints or wheel folders, only the index. Where the index serves PEP 658
     metadata pip fetches only that; an index without it (as on the machine this was written on) makes pip
     download each wheel (about 0.9 GB in all) and discard it."""
-    platforms = [f"--platform=manylinux_2_{v}_x86_64" for v in (35, 34, 31, 28, 27, 17)] + ["--platform=manylinux2014_x86_64"]
+    # manylinux x86_64 tags up to glibc 2.35 (assumed present in the base image; not checked without Docker)
+    tags = [f"manylinux_2_{v}_x86_64" for v in (35, 34, 31, 28, 27, 17)] + ["manylinux2014_x86_64"]
+    platforms = [f"--platform={tag}" for tag in tags]
     return subprocess.run(
         [sys.executable, "-m", "pip", "--isolated", "install", "--dry-run", "--ignore-installed", "--no-deps",
          "--no-cache-dir", "--only-binary=:all:", "--python-version=3.11", "--implementation=cp", *platforms,

@@ -107,7 +107,8 @@ def test_rendered_template_validates_against_the_workflowtemplate_crd(crd_schema
 def test_rendered_template_validates_against_argo_json_schema(argo_json_schema, fold_mode, folds):
     schema = {**argo_json_schema, "$ref": "#/definitions/io.argoproj.workflow.v1alpha1.WorkflowTemplate"}
     schema.pop("oneOf")
-    errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(T.render(fold_mode=fold_mode, folds=folds))]
+    rendered = T.render(fold_mode=fold_mode, folds=folds)
+    errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(rendered)]
     assert errors == []
 
 
