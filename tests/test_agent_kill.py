@@ -36,10 +36,18 @@ def test_healthy_trajectory_never_fires():
     assert stats["interval_updates"] == 10.0 and abs(stats["q_interval_mean"] - q) < 0.05
 
 
-def test_stationary_noisy_q_never_fires():
+def test_stationary_noisy_q_never_fires_yet_the_armed_monitor_fires_on_a_jump():
     mon, rng = KillMonitor(cfg_(), "cpu"), random.Random(10)
     for _ in range(300):
-        run_interval(mon, 6.0 + 0.06 * rng.gauss(0, 1), rng)  # interval means 1 % noisy
+        stats = run_interval(mon, 6.0 + 0.06 * rng.gauss(0, 1), rng)  # interval means 1 % noisy
+    # Silent because the noise is inside the band, not because the test never armed it: the window is full,
+    # its median sits on 6, and the band is the relative floor 0.05 * 6 = 0.3 (the 1 % noise's MAD is smaller).
+    assert stats["updates"] == 3000.0
+    assert abs(stats["q_median"] - 6.0) < 0.02 and abs(stats["q_mad"] - 0.3) < 0.02
+    # 6 + 4 * 0.3 = 7.2 is the edge: 7.0 is still noise, 8.0 is drift.
+    run_interval(mon, 7.0, rng)
+    with pytest.raises(KillCriterion, match="q_drift"):
+        run_interval(mon, 8.0, rng)
 
 
 def test_non_finite_loss_fires_at_the_next_check_and_stays_set():
@@ -107,10 +115,15 @@ def test_gradient_collapse_fires_after_n_consecutive_zero_norms_past_warmup():
     assert err.value.reason == "grad_collapse"
 
 
-def test_gradient_collapse_is_ignored_during_warmup():
+def test_gradient_collapse_is_ignored_during_warmup_and_fires_at_the_first_update_past_it():
     mon, rng = KillMonitor(cfg_(kill_warmup_updates=100), "cpu"), random.Random(6)
-    run_interval(mon, 1.0, rng, n=40, grad=0.0)  # 40 zero norms, but all before update 100
-    run_interval(mon, 1.0, rng, n=40, grad=1.0)
+    stats = run_interval(mon, 1.0, rng, n=40, grad=0.0)  # 40 zero norms, twice the 20 that fire after warm-up
+    assert stats["updates"] == 40.0
+    run_interval(mon, 1.0, rng, n=59, grad=0.0)  # a 99-long run of zero norms, still all before update 100
+    with pytest.raises(KillCriterion) as err:
+        run_interval(mon, 1.0, rng, n=1, grad=0.0)  # update 100: the run counted during warm-up now counts
+    assert err.value.reason == "grad_collapse"
+    assert "100 consecutive gradient norms" in str(err.value) and "(at update 100)" in str(err.value)
 
 
 def test_state_dict_round_trip_carries_the_window_and_flags():

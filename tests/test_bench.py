@@ -2,20 +2,55 @@
 from __future__ import annotations
 
 import json
+import time
 
 from trainer import bench
 from trainer.bench import PIECES, main, profile_step, time_pieces
 from trainer.loop.step import REGIONS
 
 
-def test_full_step_bench_prints_one_json_line_per_mode_with_transitions_per_s(capsys) -> None:
+class _TimedCalls:
+    """Wraps a step callable: records (start, end) of every call, forwards every other attribute."""
+
+    def __init__(self, inner) -> None:
+        self.inner, self.calls = inner, []
+
+    def __call__(self, *args, **kwargs):
+        t0 = time.perf_counter()
+        out = self.inner(*args, **kwargs)
+        self.calls.append((t0, time.perf_counter()))
+        return out
+
+    def __getattr__(self, name):
+        return getattr(self.inner, name)
+
+
+def test_full_step_bench_rates_agree_with_step_calls_timed_from_outside(capsys, monkeypatch) -> None:
+    """The rates must match a clock the bench does not own: `steps` real step calls, each of n_envs transitions,
+    inside the span the test saw them run (first call's start to last call's end) and the whole main() call."""
+    timed = {}
+    real = bench._bench_trainer
+
+    def spy(*args, **kwargs):
+        trainer = real(*args, **kwargs)
+        if not timed:  # the timed trainer is built first; count_step_flops' uncompiled twin comes after
+            trainer.step_fn = timed["step"] = _TimedCalls(trainer.step_fn)
+        return trainer
+
+    monkeypatch.setattr(bench, "_bench_trainer", spy)
+    t0 = time.perf_counter()
     assert main(["--n-envs", "16", "--steps", "3", "--device", "cpu", "--preset", "smoke", "--window-rows", "400",
                  "--json"]) == 0
+    wall_s = time.perf_counter() - t0
     lines = capsys.readouterr().out.strip().splitlines()
     assert len(lines) == 1  # --mode both on CPU runs eager only (side by side needs CUDA)
     r = json.loads(lines[0])
     assert r["mode"] == "eager" and r["n_envs"] == 16 and r["steps"] == 3
-    assert r["transitions_per_s"] == r["steps_per_s"] * 16
+    calls = timed["step"].calls
+    assert len(calls) == 3  # the timed loop ran exactly --steps real steps
+    span_s = calls[-1][1] - calls[0][0]
+    assert 3 / wall_s <= r["steps_per_s"] <= 3 / span_s
+    assert 16 * 3 / wall_s <= r["transitions_per_s"] <= 16 * 3 / span_s  # 16 transitions per step, not 1 or 32
     assert r["flops_per_step"] > 0
     assert r["act_sms"] is None  # no green context on CPU
 

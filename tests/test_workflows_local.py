@@ -4,6 +4,7 @@ from __future__ import annotations
 import io
 import json
 import os
+import re
 import subprocess
 import sys
 import threading
@@ -45,7 +46,8 @@ REPORT_CODE = (
 )
 
 
-def fake_template(cfg: T.TemplateConfig, fold_code: str = FOLD_CODE, fold_args: list[str] | None = None) -> dict:
+def fake_template(cfg: T.TemplateConfig, fold_code: str = FOLD_CODE, fold_args: list[str] | None = None,
+                  fold_mode: str = "independent", folds: int | None = None) -> dict:
     """The production WorkflowTemplate structure with `python -c` commands in place of the trainer CLIs."""
     run_dir = f"{MOUNT}/{{{{workflow.parameters.git-sha}}}}"
     if fold_args is None:
@@ -53,6 +55,8 @@ def fake_template(cfg: T.TemplateConfig, fold_code: str = FOLD_CODE, fold_args: 
                      f"{MOUNT}/fxcache"]  # fmt: skip
     return T.render(
         cfg,
+        fold_mode=fold_mode,
+        folds=folds,
         features=T.features_template(cfg, command=["python", "-c", FEATURES_CODE], args=[f"{MOUNT}/fxcache"]),
         train_fold=T.train_fold_template(cfg, command=["python", "-c", fold_code], args=fold_args),
         report=T.report_template(cfg, command=["python", "-c", REPORT_CODE], args=[run_dir]),
@@ -62,10 +66,10 @@ def fake_template(cfg: T.TemplateConfig, fold_code: str = FOLD_CODE, fold_args: 
 FAST = T.TemplateConfig(backoff_duration="300ms", backoff_cap="1s", retry_limit=2)
 
 
-def run(tmp_path: Path, cfg=FAST, folds: int = 3, parallelism: int = 3, env=None, wt=None, **kw):
+def run(tmp_path: Path, cfg=FAST, folds: int = 3, parallelism: int = 3, env=None, wt=None, params=None, **kw):
     log = io.StringIO()
     opts = LocalOptions(run_root=tmp_path / "runs", parallelism=parallelism, env=env or {}, log=log, **kw)
-    res = run_local(wt or fake_template(cfg), {"git-sha": SHA, "folds": str(folds)}, opts)
+    res = run_local(wt or fake_template(cfg), {"git-sha": SHA, "folds": str(folds), **(params or {})}, opts)
     return res, log.getvalue()
 
 
@@ -148,6 +152,55 @@ open(os.path.join(d, "max" + fold), "w").write(str(seen))
         res, _ = run(tmp_path, parallelism=parallelism, wt=wt)
         assert res.succeeded
         assert {int(f.read_text()) for f in peers.glob("max*")} == expect, f"parallelism={parallelism}"
+
+
+SPAN_CODE = r"""
+import sys, time
+t0 = time.time(); time.sleep(0.8)
+open(sys.argv[1], "a").write(f"{sys.argv[2]} {t0} {time.time()}\n")
+"""
+
+
+def _spans(path: Path) -> dict[int, tuple[float, float]]:
+    rows = [line.split() for line in path.read_text().splitlines()]
+    return {int(fold): (float(t0), float(t1)) for fold, t0, t1 in rows}
+
+
+def test_chain_shape_runs_each_fold_only_after_the_previous_one_ended(tmp_path):
+    spans = tmp_path / "spans.txt"
+    wt = fake_template(FAST, fold_code=SPAN_CODE, fold_args=[str(spans), "{{inputs.parameters.fold}}"],
+                       fold_mode="chain", folds=3)
+    res, _ = run(tmp_path, parallelism=3, wt=wt, params={"fold-mode": "chain"})
+    assert res.succeeded
+    assert list(res.nodes) == ["features", "train-fold-0", "train-fold-1", "train-fold-2", "report"]
+    got = _spans(spans)
+    assert got[0][1] <= got[1][0] and got[1][1] <= got[2][0], f"chain folds overlapped: {got}"
+    # the same fake folds in the independent shape, same parallelism: they overlap
+    spans.unlink()
+    res, _ = run(tmp_path, parallelism=3, wt=fake_template(FAST, fold_code=SPAN_CODE,
+                                                           fold_args=[str(spans), "{{inputs.parameters.fold}}"]))
+    got = _spans(spans)
+    assert res.succeeded and max(t0 for t0, _ in got.values()) < min(t1 for _, t1 in got.values())
+
+
+def test_chain_fold_exit_3_stops_the_chain_without_retry_and_later_folds_never_start(tmp_path):
+    res, _ = run(tmp_path, wt=fake_template(FAST, fold_mode="chain", folds=3), params={"fold-mode": "chain"},
+                 env={"PLAN": json.dumps({"1": [3, 0]})})
+    assert not res.succeeded and res.failed_exit_code() == 3
+    assert codes(res, "train-fold-0") == [0] and codes(res, "train-fold-1") == [3]
+    assert res.nodes["train-fold-2"].phase == "Omitted" and res.nodes["report"].phase == "Omitted"
+
+
+@pytest.mark.parametrize(("shape", "params", "bad"), [
+    (("independent", None), {"fold-mode": "chain"}, "fold-mode='chain' is not one of ['independent']"),
+    (("chain", 3), {"fold-mode": "independent"}, "fold-mode='independent' is not one of ['chain']"),
+    (("chain", 3), {"fold-mode": "chain", "folds": "2"}, "folds='2' is not one of ['3']"),
+])
+def test_a_parameter_outside_the_shapes_enum_is_refused_before_anything_runs(tmp_path, shape, params, bad):
+    wt = fake_template(FAST, fold_mode=shape[0], folds=shape[1])
+    with pytest.raises(ValueError, match=re.escape(bad)):
+        run_local(wt, {"git-sha": SHA, **params}, LocalOptions(run_root=tmp_path / "runs"))
+    assert not (tmp_path / "runs").exists()
 
 
 def test_fold_mutex_keeps_two_runs_of_the_same_commit_off_the_same_fold(tmp_path):

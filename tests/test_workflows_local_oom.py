@@ -203,3 +203,84 @@ def test_env_oom_hook_with_a_bad_value_is_refused_naming_the_variable(monkeypatc
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=f"{name} must be an integer >= ., got '{value}'"):
         oom_hook_step(_args(1, 0))
+
+
+# ──────────────────────────────────────────────────────────────── chain mode, end to end (slow)
+
+
+def _attempt_cmd(stdout: str, node: str, attempt: int) -> list[str]:
+    """The exact trainer command line of one attempt, as the runner printed it, without the cgroup wrapper."""
+    (line,) = [s for s in _node_lines(stdout, node) if s.startswith(f"attempt {attempt}: ")]
+    cmd = shlex.split(line.removeprefix(f"attempt {attempt}: "))
+    return cmd[cmd.index("--") + 1:] if "--" in cmd else cmd
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(memory_cgroup_parent() is None,
+                    reason="no writable cgroup-v1 memory hierarchy (/sys/fs/cgroup/memory): cannot OOM-kill for real")
+def test_chain_mode_runs_folds_in_sequence_and_an_oom_in_fold_1_ends_identical_to_uninterrupted(tmp_path):
+    import shutil
+
+    run_root = tmp_path / "runs"
+    env = _env(tmp_path)
+    submit = [
+        sys.executable, "-m", "workflows.submit", "--folds", "3", "--local", "--sha", SHA, "--preset", "smoke",
+        "--device", "cpu", "--n-steps", str(N_STEPS), "--n-backtests", "16", "--per-capacity", "2048",
+        "--data", DATA, "--run-root", str(run_root), "--memory-limit", str(MEMORY_LIMIT), "--fold-mode", "chain",
+        "--parallelism", "3",  # room for all folds at once: only the DAG's chain keeps them in order
+        "--env", "ALPHA_RL_TEST_HOOKS=1", "--env", f"ALPHA_RL_TEST_OOM_AT_STEP={OOM_AT_STEP}",
+        "--env", "ALPHA_RL_TEST_OOM_FOLD=1",
+    ]  # fmt: skip
+    t0 = time.monotonic()
+    proc = _run(submit, env)
+    dag_s = time.monotonic() - t0
+    assert proc.returncode == 0, proc.stdout[-6000:] + proc.stderr[-2000:]
+    workflow = proc.stdout.splitlines()[-1].split()[2].rstrip(":")
+    assert workflow.startswith("alpha-rl-chain-3-local-")
+    logs = run_root / "logs" / workflow
+
+    # Sequence: every fold's first attempt starts only after the previous fold's last attempt ended.
+    lines = proc.stdout.splitlines()
+
+    def at(node: str, prefix: str) -> list[int]:
+        return [i for i, s in enumerate(lines) if s.startswith(f"{node} {prefix}")]
+
+    ends = {f: at(f"train-fold-{f}", '{"event": "local-attempt-end"') for f in range(3)}
+    starts = {f: at(f"train-fold-{f}", "attempt 0: ") for f in range(3)}
+    assert [len(ends[f]) for f in range(3)] == [1, 2, 1]  # fold 1: OOM-killed once, then succeeded
+    assert ends[0][-1] < starts[1][0] and ends[1][-1] < starts[2][0]
+    first, second = _attempt_ends(proc.stdout, "train-fold-1")
+    assert (first["exit_code"], first["message"], second["exit_code"]) == (137, "OOMKilled (exit code 137)", 0)
+    assert first["oom_kills"] >= 1
+
+    # Fold 1 warm-started from fold 0 on attempt 0, and its retry resumed from its own checkpoint instead.
+    killed = _events(logs / "train-fold-1.attempt0.log")
+    assert len(_named(killed, "chain_warm_start")) == 1 and _named(killed, "result") == []
+    retried = _events(logs / "train-fold-1.attempt1.log")
+    assert _named(retried, "chain_warm_start") == [] and _named(retried, "fresh") == []
+    assert [e["env_step"] for e in _named(retried, "resume")] == [OOM_AT_STEP]
+    assert len(_named(_events(logs / "train-fold-2.attempt0.log"), "chain_warm_start")) == 1
+
+    # Uninterrupted twin: fold 0 is the same (no plant there), so it is copied; folds 1 and 2 rerun with the
+    # DAG's own attempt-0 command lines, in order, without hooks, in their own run dir.
+    ref_run = tmp_path / "reference" / SHA
+    ref_run.mkdir(parents=True)
+    shutil.copytree(run_root / SHA / "fold0", ref_run / "fold0")
+    t0 = time.monotonic()
+    for fold in (1, 2):
+        cmd = _attempt_cmd(proc.stdout, f"train-fold-{fold}", 0)
+        assert cmd[:4] == [sys.executable, "-m", "workflows.launch", "trainer.train"]
+        assert cmd[cmd.index("--fold-mode") + 1] == "chain"
+        cmd[cmd.index("--run-dir") + 1] = str(ref_run)
+        ref = _run(cmd, env)
+        assert ref.returncode == 0, ref.stdout[-3000:] + ref.stderr[-2000:]
+    ref_s = time.monotonic() - t0
+    for fold in (1, 2):
+        got = json.loads((run_root / SHA / f"fold{fold}" / "result.json").read_text())
+        want = json.loads((ref_run / f"fold{fold}" / "result.json").read_text())
+        assert got["env_steps"] == N_STEPS and got["fold_mode"] == "chain"
+        assert {k: v for k, v in got.items() if k not in WALL_CLOCK_FIELDS} == \
+            {k: v for k, v in want.items() if k not in WALL_CLOCK_FIELDS}, f"fold {fold}"
+        np.testing.assert_array_equal(np.load(run_root / SHA / f"fold{fold}" / "equity.npy"),
+                                      np.load(ref_run / f"fold{fold}" / "equity.npy"))
+    print(f"\nchain DAG with the OOM: {dag_s:.1f} s; uninterrupted folds 1-2: {ref_s:.1f} s")

@@ -1,7 +1,6 @@
 """`python -m workflows.submit`: dry-run output, refusals and their exit codes, sha resolution, parameters."""
 from __future__ import annotations
 
-import importlib.util
 import json
 import os
 import signal
@@ -116,19 +115,7 @@ def test_sha_defaults_to_head_and_a_dirty_tree_is_refused_unless_allowed(tmp_pat
         resolve_sha(tmp_path / "not-a-repo", None, allow_dirty=False)
 
 
-def _runnable(module: str) -> bool:
-    """`python -m module` would run: a plain module, or a package with a __main__."""
-    spec = importlib.util.find_spec(module)
-    if spec is None or spec.submodule_search_locations is None:
-        return spec is not None
-    return importlib.util.find_spec(f"{module}.__main__") is not None
-
-
 @pytest.mark.slow
-@pytest.mark.skipif(
-    not all(_runnable(f"trainer.{m}") for m in ("features", "train", "report")),
-    reason="the trainer CLIs (trainer.features / trainer.train / trainer.report) are not in the tree yet",
-)
 def test_local_smoke_run_of_the_real_trainer_dag(tmp_path):
     proc = cli("--folds", "2", "--local", "--sha", SHA, "--run-root", str(tmp_path), "--n-steps", "64", timeout_s=600)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]

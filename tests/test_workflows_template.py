@@ -13,6 +13,7 @@ import pytest
 import yaml
 
 from workflows import template as T
+from workflows.expr import evaluate, retry_env
 from workflows.submit import build_workflow
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -71,10 +72,16 @@ def _tpl(rendered: dict, name: str) -> dict:
 # ---- golden YAML -----------------------------------------------------------------------------------
 
 
-def test_committed_template_yaml_matches_the_hera_rendering():
-    committed = T.RENDERED_PATH.read_text()
-    assert committed == T.render_yaml(), (
-        "infra/k8s/argo/alpha-rl-template.yaml differs from workflows/template.py; "
+SHAPES = [("independent", None), ("chain", T.CHAIN_EXAMPLE_FOLDS)]
+"""The two DAG shapes (fold_mode, folds) every schema test runs on."""
+
+
+@pytest.mark.parametrize(("path", "fold_mode", "folds"), [(T.RENDERED_PATH, "independent", None),
+                                                          (T.RENDERED_CHAIN_PATH, "chain", T.CHAIN_EXAMPLE_FOLDS)])
+def test_committed_template_yaml_matches_the_hera_rendering(path, fold_mode, folds):
+    committed = path.read_text()
+    assert committed == T.render_yaml(T.DEFAULTS, fold_mode, folds), (
+        f"{path.relative_to(ROOT)} differs from workflows/template.py; "
         "regenerate with `python -m workflows.template --write` and review the diff"
     )
 
@@ -89,20 +96,25 @@ def test_write_rendered_replaces_the_file_atomically(tmp_path):
 # ---- schemas and allowlist ---------------------------------------------------------------------------
 
 
-def test_rendered_template_validates_against_the_workflowtemplate_crd(crd_schemas):
-    errors = [e.message for e in jsonschema.Draft7Validator(crd_schemas["WorkflowTemplate"]).iter_errors(T.render())]
+@pytest.mark.parametrize(("fold_mode", "folds"), SHAPES)
+def test_rendered_template_validates_against_the_workflowtemplate_crd(crd_schemas, fold_mode, folds):
+    rendered = T.render(fold_mode=fold_mode, folds=folds)
+    errors = [e.message for e in jsonschema.Draft7Validator(crd_schemas["WorkflowTemplate"]).iter_errors(rendered)]
     assert errors == []
 
 
-def test_rendered_template_validates_against_argo_json_schema(argo_json_schema):
+@pytest.mark.parametrize(("fold_mode", "folds"), SHAPES)
+def test_rendered_template_validates_against_argo_json_schema(argo_json_schema, fold_mode, folds):
     schema = {**argo_json_schema, "$ref": "#/definitions/io.argoproj.workflow.v1alpha1.WorkflowTemplate"}
     schema.pop("oneOf")
-    errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(T.render())]
+    rendered = T.render(fold_mode=fold_mode, folds=folds)
+    errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(rendered)]
     assert errors == []
 
 
-def test_rendered_template_uses_only_keys_the_crd_declares(crd_schemas):
-    assert unknown_keys(T.render(), crd_schemas["WorkflowTemplate"]) == []
+@pytest.mark.parametrize(("fold_mode", "folds"), SHAPES)
+def test_rendered_template_uses_only_keys_the_crd_declares(crd_schemas, fold_mode, folds):
+    assert unknown_keys(T.render(fold_mode=fold_mode, folds=folds), crd_schemas["WorkflowTemplate"]) == []
 
 
 def test_allowlist_catches_a_typo_that_the_crd_schema_accepts(crd_schemas):
@@ -147,6 +159,66 @@ def test_dag_wires_features_then_one_train_task_per_fold_then_report():
     assert tasks["report"]["depends"] == "train-fold"
 
 
+def test_chain_shape_runs_the_folds_one_after_another_then_the_report():
+    rendered = T.render(fold_mode="chain", folds=4)
+    assert rendered["metadata"]["name"] == "alpha-rl-chain-4"
+    tasks = _tpl(rendered, "main")["dag"]["tasks"]
+    wiring = [(t["name"], t.get("depends"), t.get("arguments", {}).get("parameters")) for t in tasks]
+    assert wiring == [
+        ("features", None, None),
+        ("train-fold-0", "features", [{"name": "fold", "value": "0"}]),
+        ("train-fold-1", "train-fold-0", [{"name": "fold", "value": "1"}]),
+        ("train-fold-2", "train-fold-1", [{"name": "fold", "value": "2"}]),
+        ("train-fold-3", "train-fold-2", [{"name": "fold", "value": "3"}]),
+        ("report", "train-fold-3", None),
+    ]
+    assert not any("withSequence" in t for t in tasks)
+    assert {t["template"] for t in tasks if t["name"].startswith("train-fold")} == {"train-fold"}
+    # the same pod template as the independent shape: only the wiring differs
+    assert _tpl(rendered, "train-fold") == _tpl(T.render(), "train-fold")
+
+
+def test_each_shape_pins_the_fold_mode_and_chain_also_the_fold_count_by_enum():
+    def pinned(rendered):
+        return {p["name"]: p["enum"] for p in rendered["spec"]["arguments"]["parameters"] if "enum" in p}
+
+    assert pinned(T.render()) == {"fold-mode": ["independent"]}
+    assert pinned(T.render(fold_mode="chain", folds=2)) == {"folds": ["2"], "fold-mode": ["chain"]}
+    chain = {p["name"]: p.get("value") for p in T.render(fold_mode="chain", folds=2)["spec"]["arguments"]["parameters"]}
+    assert chain["fold-mode"] == "chain" and chain["folds"] == "2"
+
+
+@pytest.mark.parametrize(("fold_mode", "folds", "match"), [("chained", 3, "fold_mode"), ("chain", None, "folds"),
+                                                           ("chain", 0, "folds"), ("chain", True, "folds")])
+def test_a_bad_shape_is_refused_naming_the_argument(fold_mode, folds, match):
+    with pytest.raises(ValueError, match=match):
+        T.render(fold_mode=fold_mode, folds=folds)
+
+
+def test_submit_dry_run_in_chain_mode_prints_the_chain_shape_and_a_workflow_referencing_it():
+    proc = subprocess.run([sys.executable, "-m", "workflows.submit", "--folds", "2", "--sha", "feedbee1234",
+                           "--fold-mode", "chain", "--dry-run"], capture_output=True, text=True, cwd=ROOT)
+    assert proc.returncode == 0, proc.stderr
+    template, workflow = yaml.safe_load_all(proc.stdout)
+    assert template == T.render(fold_mode="chain", folds=2)
+    assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl-chain-2"}
+    params = {p["name"]: p["value"] for p in workflow["spec"]["arguments"]["parameters"]}
+    assert params["fold-mode"] == "chain" and params["folds"] == "2"
+
+
+def test_pod_defaults_are_set_once_and_cannot_be_overridden_per_template():
+    rendered = T.render()
+    shared = ("image", "imagePullPolicy", "volumeMounts", "securityContext")
+    containers = [_tpl(rendered, n)["container"] for n in ("features", "train-fold", "report")]
+    for key in shared:
+        assert containers[0][key] == containers[1][key] == containers[2][key], key
+    assert containers[1]["env"][: len(containers[0]["env"])] == containers[0]["env"] == containers[2]["env"]
+    for key in ("securityContext", "serviceAccountName", "retryStrategy", "podSpecPatch"):
+        assert _tpl(rendered, "features")[key] == _tpl(rendered, "train-fold")[key] == _tpl(rendered, "report")[key]
+    with pytest.raises(ValueError, match=r"\['retry_strategy'\] are pod defaults set once"):
+        T._pod(T.DEFAULTS, "x", ["true"], [], deadline_s=1, resources=None, retry_strategy=None)
+
+
 def test_parameters_and_defaults_match_the_issue():
     params = {p["name"]: p.get("value") for p in T.render()["spec"]["arguments"]["parameters"]}
     assert params["git-sha"] is None  # required
@@ -186,13 +258,27 @@ def test_every_container_mounts_the_pvc_explicitly():
         assert {"name": claim["name"], "mountPath": T.DEFAULTS.mount_path} in mounts
 
 
-def test_retry_strategy_is_always_with_limit_backoff_and_expression():
+# (exit code, node status, message) after a failed attempt -> retried? Written from the process contract in
+# DESIGN.md, not from RETRY_EXPRESSION: 2 and 3 never, 137 / 143 / other exits and lost pods always.
+RETRY_VERDICTS = [
+    (2, "Failed", "Error (exit code 2)", False),
+    (3, "Failed", "Error (exit code 3)", False),
+    (137, "Failed", "OOMKilled (exit code 137)", True),
+    (143, "Failed", "Error (exit code 143)", True),
+    (1, "Failed", "Error (exit code 1)", True),
+    (None, "Error", "pod deleted", True),
+]
+
+
+def test_retry_strategy_is_always_with_limit_backoff_and_a_rendered_expression_that_keeps_the_contract():
     for name in ("features", "train-fold", "report"):
         rs = _tpl(T.render(), name)["retryStrategy"]
         assert rs["retryPolicy"] == "Always"
-        assert rs["limit"] == T.DEFAULTS.retry_limit
+        assert rs["limit"] == 5
         assert rs["backoff"] == {"duration": "30s", "factor": 2, "cap": "10m", "maxDuration": "2h"}
-        assert rs["expression"] == T.RETRY_EXPRESSION
+        verdicts = [(code, status, message, evaluate(rs["expression"], retry_env(code, status, message, 12.0)))
+                    for code, status, message, _ in RETRY_VERDICTS]
+        assert verdicts == RETRY_VERDICTS, name
 
 
 def test_per_fold_mutex_deadlines_pod_gc_and_grace_period():

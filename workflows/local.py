@@ -4,7 +4,9 @@ Each task runs the container's command and args from the rendered template, with
 parameters substituted, `python` replaced by this interpreter, and the PVC mount path mapped to a
 local run root. What the cluster would do is honoured with real processes and real exit codes:
 
-- the DAG's `depends`, `withSequence` fan-out, and a `parallelism` bound on concurrent tasks;
+- the DAG's `depends`, `withSequence` fan-out, and a `parallelism` bound on concurrent tasks (the chain
+  shape's train-fold-0 -> train-fold-1 -> ... runs one fold at a time through its `depends`);
+- parameter `enum`s (a shape refuses the fold-mode / folds it was not built for, as Argo does);
 - `retryStrategy`: `limit`, `retryPolicy`, `backoff` (duration x factor^n, `cap`, `maxDuration`)
   and `expression`, evaluated by `workflows.expr` exactly as rendered;
 - `synchronization.mutexes`: an exclusive file lock per mutex name under <run-root>/.locks, so
@@ -179,7 +181,8 @@ class _Runner:
     def __init__(self, wt: dict, parameters: Mapping[str, str], opts: LocalOptions):
         self.opts = opts
         self.spec = wt["spec"]
-        self.name = opts.workflow_name or f"{wt['metadata'].get('name', 'workflow')}-local-{uuid.uuid4().hex[:5]}"
+        self.template_name = wt["metadata"].get("name", "workflow")
+        self.name = opts.workflow_name or f"{self.template_name}-local-{uuid.uuid4().hex[:5]}"
         self.params = self._resolve_parameters(parameters)
         self.templates = {t["name"]: t for t in self.spec["templates"]}
         self.run_root = Path(opts.run_root).resolve()
@@ -204,6 +207,12 @@ class _Runner:
         missing = sorted(k for k, v in merged.items() if v is None)
         if missing:
             raise ValueError(f"required workflow parameter(s) {missing} not given")
+        # Argo refuses a Workflow whose parameter is outside the template's enum (e.g. fold-mode=chain against the
+        # parallel independent shape, whose folds 1+ would exit 2): refuse it here too, before anything runs.
+        for p in self.spec.get("arguments", {}).get("parameters", []):
+            if "enum" in p and merged[p["name"]] not in [str(v) for v in p["enum"]]:
+                raise ValueError(f"workflow parameter {p['name']}={merged[p['name']]!r} is not one of {p['enum']} "
+                                 f"allowed by WorkflowTemplate {self.template_name!r}")
         return merged
 
     def _claim_mount_paths(self) -> dict[str, Path]:

@@ -260,8 +260,9 @@ def _run(ns: argparse.Namespace) -> int:
     if ns.allow_dirty and ns.sha is None:
         print(f"warning: running uncommitted changes under sha {sha}", file=sys.stderr)
     params = workflow_parameters(ns, sha)
-    template = render()
-    workflow = build_workflow(params, ns.namespace)
+    # The DAG shape follows the fold mode: chain folds run one after another (each warm-starts from the last).
+    template = render(fold_mode=ns.fold_mode or "independent", folds=ns.folds)
+    workflow = build_workflow(params, ns.namespace, template["metadata"]["name"])
 
     if ns.dry_run:
         sys.stdout.write(yaml.safe_dump_all([template, workflow], sort_keys=False))

@@ -1,6 +1,8 @@
 """The `alpha-rl` Argo WorkflowTemplate, written with Hera.
 
-DAG: features (CPU pod; fxcache skip-if-exists) -> train-fold x folds (withSequence) -> report.
+DAG: features (CPU pod; fxcache skip-if-exists) -> train-fold x folds (withSequence, in parallel) -> report,
+or with fold_mode="chain" the folds one after another (train-fold-0 -> train-fold-1 -> ...), since a chain
+fold warm-starts from the previous fold's final checkpoint.
 
 Templates are module-level values built by the `*_template` functions; `build_workflow_template`
 only wires them. The same builder functions make the test templates (a `python -c` command with
@@ -9,7 +11,8 @@ structure the cluster gets.
 
 Regenerate the committed YAML (never done by CI; a test fails while it differs):
 
-    python -m workflows.template --write        # -> infra/k8s/argo/alpha-rl-template.yaml
+    python -m workflows.template --write        # -> infra/k8s/argo/alpha-rl-template.yaml (independent)
+                                                #    and alpha-rl-chain-3-template.yaml (chain, 3 folds)
 """
 from __future__ import annotations
 
@@ -37,6 +40,10 @@ __all__ = [
     "render",
     "render_yaml",
     "RENDERED_PATH",
+    "RENDERED_CHAIN_PATH",
+    "CHAIN_EXAMPLE_FOLDS",
+    "FOLD_MODES",
+    "template_name",
     "FEATURES",
     "TRAIN_FOLD",
     "REPORT",
@@ -44,6 +51,9 @@ __all__ = [
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
 RENDERED_PATH = REPO_ROOT / "infra" / "k8s" / "argo" / "alpha-rl-template.yaml"
+CHAIN_EXAMPLE_FOLDS = 3
+"""Folds of the committed chain-shape YAML (submit renders the chain shape for the --folds it is given)."""
+RENDERED_CHAIN_PATH = REPO_ROOT / "infra" / "k8s" / "argo" / f"alpha-rl-chain-{CHAIN_EXAMPLE_FOLDS}-template.yaml"
 
 # Retry decision, evaluated by Argo (and by workflows.expr in the local runner) after a failed attempt.
 # Never retry exit 2 (bad usage/config/data) or 3 (kill criterion): a rerun can only fail the same way.
@@ -216,6 +226,34 @@ def _cpu_resources(cfg: TemplateConfig) -> m.ResourceRequirements:
     )
 
 
+def _pod(cfg: TemplateConfig, name: str, command: list[str], args: list[str], *, deadline_s: int,
+         resources: m.ResourceRequirements, env: Seq[m.EnvVar] = (), **extra) -> Container:
+    """A Container template with the pod defaults every alpha-rl pod shares, set here once: image, env, mounts,
+    hardening, service account, retry strategy and the SIGTERM grace period. `extra` adds the template's own
+    fields (inputs, nodeSelector, tolerations, synchronization); it cannot replace a shared default."""
+    shared = set(extra) & {"image", "image_pull_policy", "volume_mounts", "security_context", "pod_security_context",
+                           "service_account_name", "retry_strategy", "pod_spec_patch"}
+    if shared:
+        raise ValueError(f"template {name!r}: {sorted(shared)} are pod defaults set once in _pod, not per template")
+    return Container(
+        name=name,
+        image=_p("image"),
+        image_pull_policy="IfNotPresent",
+        command=command,
+        args=args,
+        env=[*_env(), *env],
+        resources=resources,
+        volume_mounts=_mounts(cfg),
+        security_context=_container_security(cfg),
+        pod_security_context=_pod_security(cfg),
+        service_account_name=cfg.service_account,
+        active_deadline_seconds=deadline_s,
+        retry_strategy=_retry(cfg),
+        pod_spec_patch=_grace_patch(cfg),
+        **extra,
+    )
+
+
 # ---- templates -------------------------------------------------------------------------------------
 
 
@@ -223,26 +261,14 @@ def features_template(
     cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
 ) -> Container:
     """CPU pod: build the feature cache under <mount>/fxcache (the trainer skips it if present)."""
-    return Container(
-        name="features",
-        image=_p("image"),
-        image_pull_policy="IfNotPresent",
+    default_args = ["--data", _p("data"), "--cache-dir", f"{cfg.mount_path}/fxcache"]
+    return _pod(
+        cfg, "features",
         command=list(command or ["python", "-m", "trainer.features"]),
-        args=list(
-            args
-            if args is not None
-            else ["--data", _p("data"), "--cache-dir", f"{cfg.mount_path}/fxcache"]
-        ),
-        env=_env(),
+        args=list(args if args is not None else default_args),
+        deadline_s=cfg.cpu_deadline_s,
         resources=_cpu_resources(cfg),
-        volume_mounts=_mounts(cfg),
-        security_context=_container_security(cfg),
-        pod_security_context=_pod_security(cfg),
-        service_account_name=cfg.service_account,
-        active_deadline_seconds=cfg.cpu_deadline_s,
-        retry_strategy=_retry(cfg),
-        pod_spec_patch=_grace_patch(cfg),
-    )
+    )  # fmt: skip
 
 
 def train_fold_template(
@@ -273,18 +299,11 @@ def train_fold_template(
         "--fold-mode", _p("fold-mode"),
         "--attempt", "{{retries}}",
     ]  # fmt: skip
-    return Container(
-        name="train-fold",
-        inputs=[Parameter(name="fold")],
-        image=_p("image"),
-        image_pull_policy="IfNotPresent",
+    return _pod(
+        cfg, "train-fold",
         command=list(command or ["python", "-m", "workflows.launch"]),
         args=list(args if args is not None else default_args),
-        env=[
-            *_env(),
-            m.EnvVar(name="ALPHA_RL_FOLD_DIR", value=f"{run_dir}/fold{{{{inputs.parameters.fold}}}}"),
-            m.EnvVar(name="ALPHA_RL_ATTEMPT", value="{{retries}}"),
-        ],
+        deadline_s=cfg.train_deadline_s,
         resources=m.ResourceRequirements(
             requests={
                 "cpu": m.Quantity(root=cfg.train_cpu),
@@ -293,41 +312,30 @@ def train_fold_template(
             },
             limits={"memory": m.Quantity(root=cfg.train_memory), "nvidia.com/gpu": m.Quantity(root="1")},
         ),
+        env=[
+            m.EnvVar(name="ALPHA_RL_FOLD_DIR", value=f"{run_dir}/fold{{{{inputs.parameters.fold}}}}"),
+            m.EnvVar(name="ALPHA_RL_ATTEMPT", value="{{retries}}"),
+        ],
+        inputs=[Parameter(name="fold")],
         node_selector={_p("pool-label-key"): _p("gpu-pool")},
         tolerations=[m.Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
-        volume_mounts=_mounts(cfg),
-        security_context=_container_security(cfg),
-        pod_security_context=_pod_security(cfg),
-        service_account_name=cfg.service_account,
-        active_deadline_seconds=cfg.train_deadline_s,
-        retry_strategy=_retry(cfg),
         synchronization=m.Synchronization(
             mutexes=[m.Mutex(name=f"alpha-rl-{_p('git-sha')}-fold{{{{inputs.parameters.fold}}}}")]
         ),
-        pod_spec_patch=_grace_patch(cfg),
-    )
+    )  # fmt: skip
 
 
 def report_template(
     cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
 ) -> Container:
     """CPU pod: cross-fold summary.json, report.md and plots under <mount>/<git-sha>."""
-    return Container(
-        name="report",
-        image=_p("image"),
-        image_pull_policy="IfNotPresent",
+    return _pod(
+        cfg, "report",
         command=list(command or ["python", "-m", "trainer.report"]),
         args=list(args if args is not None else ["--run-dir", f"{cfg.mount_path}/{_p('git-sha')}"]),
-        env=_env(),
+        deadline_s=cfg.cpu_deadline_s,
         resources=_cpu_resources(cfg),
-        volume_mounts=_mounts(cfg),
-        security_context=_container_security(cfg),
-        pod_security_context=_pod_security(cfg),
-        service_account_name=cfg.service_account,
-        active_deadline_seconds=cfg.cpu_deadline_s,
-        retry_strategy=_retry(cfg),
-        pod_spec_patch=_grace_patch(cfg),
-    )
+    )  # fmt: skip
 
 
 FEATURES = features_template()
@@ -335,35 +343,77 @@ TRAIN_FOLD = train_fold_template()
 REPORT = report_template()
 
 
+FOLD_MODES = ("independent", "chain")
+"""The trainer's --fold-mode choices; each has its own DAG shape (see build_workflow_template)."""
+
+
+def template_name(cfg: TemplateConfig = DEFAULTS, fold_mode: str = "independent", folds: int | None = None) -> str:
+    """metadata.name of the WorkflowTemplate of this shape: `alpha-rl`, or `alpha-rl-chain-<folds>`.
+
+    Each shape has its own name, so submitting a chain run never rewrites the template that independent
+    runs (or a chain run of another length) are still being created from."""
+    if fold_mode not in FOLD_MODES:
+        raise ValueError(f"fold_mode must be one of {FOLD_MODES}, got {fold_mode!r}")
+    if fold_mode == "independent":
+        return cfg.name
+    if not isinstance(folds, int) or isinstance(folds, bool) or folds < 1:
+        raise ValueError(f"folds must be an integer >= 1 for the chain shape (its tasks are listed), got {folds!r}")
+    return f"{cfg.name}-chain-{folds}"
+
+
+def _arguments(fold_mode: str, folds: int | None) -> list[Parameter]:
+    # `enum` pins the parameters a shape was built for: Argo refuses a Workflow that sets fold-mode (or, for the
+    # chain shape, folds) to anything else, so fold 1 can never start in parallel with fold 0 in chain mode.
+    pinned = {"fold-mode": [fold_mode]} | ({"folds": [str(folds)]} if fold_mode == "chain" else {})
+    out = []
+    for k, v in PARAMETER_DEFAULTS.items():
+        if k in pinned:
+            out.append(Parameter(name=k, value=pinned[k][0], enum=pinned[k]))
+        else:
+            out.append(Parameter(name=k) if v is None else Parameter(name=k, value=v))
+    return out
+
+
 def build_workflow_template(
     cfg: TemplateConfig = DEFAULTS,
     features: Container | None = None,
     train_fold: Container | None = None,
     report: Container | None = None,
+    fold_mode: str = "independent",
+    folds: int | None = None,
 ) -> WorkflowTemplate:
-    """Wire the three templates into the `main` DAG. Defaults: the module-level templates."""
+    """Wire the three templates into the `main` DAG. Defaults: the module-level templates.
+
+    The DAG shape follows `fold_mode`, chosen when the template is rendered (submit renders it per run):
+    independent: features -> train-fold x folds (withSequence, in parallel) -> report;
+    chain:       features -> train-fold-0 -> train-fold-1 -> ... -> train-fold-<folds-1> -> report, because
+                 fold i warm-starts from fold i-1's final checkpoint and must not start before it succeeded.
+    """
+    name = template_name(cfg, fold_mode, folds)
     features = features or (FEATURES if cfg is DEFAULTS else features_template(cfg))
     train_fold = train_fold or (TRAIN_FOLD if cfg is DEFAULTS else train_fold_template(cfg))
     report = report or (REPORT if cfg is DEFAULTS else report_template(cfg))
 
     t_features = Task(name="features", template=features)
-    t_train = Task(
-        name="train-fold",
-        template=train_fold,
-        arguments={"fold": "{{item}}"},
-        with_sequence=m.Sequence(count=_p("folds")),
-    )
+    if fold_mode == "chain":
+        assert folds is not None  # template_name checked it
+        t_trains = [Task(name=f"train-fold-{i}", template=train_fold, arguments={"fold": str(i)})
+                    for i in range(folds)]  # fmt: skip
+    else:
+        t_trains = [Task(name="train-fold", template=train_fold, arguments={"fold": "{{item}}"},
+                         with_sequence=m.Sequence(count=_p("folds")))]  # fmt: skip
     t_report = Task(name="report", template=report)
-    t_features >> t_train >> t_report
-    main = DAG(name="main", tasks=[t_features, t_train, t_report])
+    chain = t_features
+    for t in t_trains:
+        chain = chain >> t
+    chain >> t_report
+    main = DAG(name="main", tasks=[t_features, *t_trains, t_report])
 
     return WorkflowTemplate(
-        name=cfg.name,
-        labels={"app.kubernetes.io/name": "alpha-rl"},
+        name=name,
+        labels={"app.kubernetes.io/name": "alpha-rl", "alpha-rl/fold-mode": fold_mode},
         entrypoint="main",
-        arguments=[
-            Parameter(name=k) if v is None else Parameter(name=k, value=v) for k, v in PARAMETER_DEFAULTS.items()
-        ],
+        arguments=_arguments(fold_mode, folds),
         service_account_name=cfg.service_account,
         active_deadline_seconds=cfg.workflow_deadline_s,
         # Successful pods go; failed attempts stay so `kubectl logs` still shows why they failed.
@@ -373,21 +423,22 @@ def build_workflow_template(
     )
 
 
-def render(cfg: TemplateConfig = DEFAULTS, **templates: Container) -> dict:
-    """The WorkflowTemplate as a plain dict (what is applied to the cluster)."""
-    return build_workflow_template(cfg, **templates).to_dict()
+def render(cfg: TemplateConfig = DEFAULTS, fold_mode: str = "independent", folds: int | None = None,
+           **templates: Container) -> dict:
+    """The WorkflowTemplate of this shape as a plain dict (what is applied to the cluster)."""
+    return build_workflow_template(cfg, fold_mode=fold_mode, folds=folds, **templates).to_dict()
 
 
-def render_yaml(cfg: TemplateConfig = DEFAULTS) -> str:
+def render_yaml(cfg: TemplateConfig = DEFAULTS, fold_mode: str = "independent", folds: int | None = None) -> str:
     header = "# Rendered from workflows/template.py by `python -m workflows.template --write`. Do not edit.\n"
-    return header + yaml.safe_dump(render(cfg), sort_keys=True, default_flow_style=False, width=120)
+    return header + yaml.safe_dump(render(cfg, fold_mode, folds), sort_keys=True, default_flow_style=False, width=120)
 
 
-def write_rendered(path: Path = RENDERED_PATH) -> Path:
-    """Write the rendered YAML atomically (temp name, then rename)."""
+def write_rendered(path: Path = RENDERED_PATH, fold_mode: str = "independent", folds: int | None = None) -> Path:
+    """Write the rendered YAML of one shape atomically (temp name, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(render_yaml())
+    tmp.write_text(render_yaml(DEFAULTS, fold_mode, folds))
     os.replace(tmp, path)
     return path
 
@@ -398,6 +449,7 @@ def main(argv: list[str] | None = None) -> int:
     ns = ap.parse_args(argv)
     if ns.write:
         print(write_rendered())
+        print(write_rendered(RENDERED_CHAIN_PATH, "chain", CHAIN_EXAMPLE_FOLDS))
     else:
         sys.stdout.write(render_yaml())
     return 0

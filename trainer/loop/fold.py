@@ -184,8 +184,10 @@ class FoldTrainer:
         )
         m.reset()
         n = self.cfg.loop.n_steps
+        # The floats, not the record: the record holds a non-finite loss as the string "nan", which a float
+        # format refuses (ValueError, exit 2) before the kill check below could report it as exit 3.
         self.log.human(f"fold {self.fold} step {self.env_step}/{n} sps {record['sps']:.1f} "
-                       f"loss {record['loss']:.4f} q {record['q_mean']:.3f} win {record['win_rate']:.3f} "
+                       f"loss {values['loss']:.4f} q {values['q_mean']:.3f} win {record['win_rate']:.3f} "
                        f"eta {eta_text(self.env_step - steps_at_t0, n - steps_at_t0, elapsed)}")
         self.learner.kill.check()  # raises KillCriterion (exit 3); flags were set on the device inside the step
 
