@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -24,6 +23,8 @@ from typing import Sequence as Seq
 import yaml
 from hera.workflows import DAG, Container, Parameter, RetryStrategy, Task, WorkflowTemplate
 from hera.workflows import models as m
+
+from trainer.fsutil import atomic_write_text
 
 __all__ = [
     "TemplateConfig",
@@ -386,9 +387,7 @@ def render_yaml(cfg: TemplateConfig = DEFAULTS) -> str:
 def write_rendered(path: Path = RENDERED_PATH) -> Path:
     """Write the rendered YAML atomically (temp name, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(render_yaml())
-    os.replace(tmp, path)
+    atomic_write_text(path, render_yaml())
     return path
 
 
