@@ -150,8 +150,8 @@ def count_step_flops(preset_name: str, n_envs: int, device: str, seed: int = 0,
     """Matmul/conv FLOPs of one full step (act forward + target forwards + online forward/backward), counted by
     torch.utils.flop_counter from the ops' shapes (analytic, not measured), on an uncompiled twin of the timed
     trainer: compiled code hides its ops from the counter, and a step run under the counter's dispatch mode
-    leaves torch.compile'd functions running eagerly afterwards (measured: a captured graph then ran 4.1 ms per
-    step instead of 1.85)."""
+    leaves torch.compile'd functions running eagerly afterwards (measured: a captured graph then ran the eager
+    kernels, at less than half the speed)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     twin = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, "none", warm_updates=0)
@@ -308,7 +308,7 @@ def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100",
     a profiler's per-kernel overhead. With mode='eager' (any device) the pieces run eagerly, timed by the host clock.
 
     A piece's time alone minus its share of the step says how much the others hide it; the learner's chain alone
-    bounds the step from below however well acting overlaps it (docs/BENCHMARKS.md, v6 and v7)."""
+    bounds the step from below however well acting overlaps it (docs/BENCHMARKS.md, "Pieces of the step")."""
     from trainer.agent.replay import Transitions
     from trainer.loop.step import capture_graph
 

@@ -21,10 +21,11 @@ Order within a step, and what runs concurrently in graph mode on CUDA (trainer/s
 
 The batch is sampled before this step's transitions are added (they can be drawn from the next step on), so acting
 and storing depend on nothing the learner computes before AdamW changes the weights. The learner's chain of small
-kernels is the step's critical path (docs/BENCHMARKS.md v6 measures each part of this), so its streams have high
+kernels is the step's critical path (docs/BENCHMARKS.md, "Pieces of the step"), so its streams have high
 priority, and acting runs on a low-priority stream confined to `LoopConfig.act_sm_share` of the SMs (a CUDA green
 context) while it is the smaller of the two (`acting_sm_share`): given the whole device, acting's large kernels
-hold SMs that the learner's next kernel waits for (v9). Acting larger than the learner gets every SM.
+hold SMs that the learner's next kernel waits for ("Acting on part of the SMs"). Acting larger than the learner
+gets every SM.
 The values do not depend on the overlap (`LoopConfig.overlap`): the host issues the same calls, random draws
 included, in the same order either way. Eager steps run everything on one stream.
 """
@@ -105,10 +106,9 @@ class StepMetrics:
 ACT_CONFINED_MAX_WINDOWS_PER_ITEM = 4
 """Acting is confined to a share of the SMs only while its forward encodes at most this many windows per item of
 the learner's batch; the learner passes over each item four times (online forward at x, two forwards at x', the
-backward). On an H200 at the h100 preset (batch 256; docs/BENCHMARKS.md v9), acting on 64 of 132 SMs made the
-step faster at 256 and 1,024 windows (0.991 against 1.006 ms, 1.073 against 1.128) and slower at 2,569 (the row
-table at 4,096 and 16,384 envs: 2.39 against 2.16 ms, 2.25 against 1.72), where acting alone outlasts the
-learner's chain (1.1–1.4 against 0.93 ms) and is the step's critical path itself."""
+backward). Measured on an H200 at the h100 preset (batch 256; docs/BENCHMARKS.md, "Acting on part of the SMs"):
+confining acting made the step faster at 256 and 1,024 windows and slower at the 2,569-row table of 4,096 and
+16,384 envs, where acting alone outlasts the learner's chain and is the step's critical path itself."""
 
 
 def compile_options(compile: str, device: torch.device) -> dict[str, bool] | None:
