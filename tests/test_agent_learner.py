@@ -8,8 +8,9 @@ import pytest
 import torch
 
 from trainer.agent.config import AgentConfig
-from trainer.agent.learner import Batch, Learner
+from trainer.agent.learner import Learner
 from trainer.agent.network import QNetwork, expected_q
+from trainer.agent.replay import Transitions
 from trainer.errors import KillCriterion
 
 
@@ -28,17 +29,25 @@ def tiny_cfg(**kw) -> AgentConfig:
     return AgentConfig(**base)
 
 
-def random_batch(cfg: AgentConfig, seed: int = 0, batch: int = 16) -> Batch:
+def learner_batch(obs, env_state, action, return_n, discount_n, next_obs, next_env_state, weight) -> Transitions:
+    """Transitions as the step hands them to the learner, with windows made up rather than gathered (the learner
+    reads obs and next_obs, never the rows)."""
+    rows = torch.zeros(obs.shape[0], dtype=torch.int64)
+    return Transitions(row=rows, env_state=env_state, action=action, return_n=return_n, discount_n=discount_n,
+                       next_row=rows, next_env_state=next_env_state, weight=weight, obs=obs, next_obs=next_obs)
+
+
+def random_batch(cfg: AgentConfig, seed: int = 0, batch: int = 16) -> Transitions:
     g = torch.Generator().manual_seed(seed)
     actions = torch.stack([torch.randint(0, n, (batch,), generator=g) for n in cfg.branch_sizes], dim=1)
-    return Batch(obs=torch.randn(batch, cfg.window, cfg.n_features, generator=g),
-                 env_state=torch.randn(batch, cfg.env_state_dim, generator=g),
-                 actions=actions,
-                 returns=torch.randn(batch, generator=g),
-                 discounts=torch.where(torch.rand(batch, generator=g) < 0.25, 0.0, 0.97),
-                 next_obs=torch.randn(batch, cfg.window, cfg.n_features, generator=g),
-                 next_env_state=torch.randn(batch, cfg.env_state_dim, generator=g),
-                 weights=torch.rand(batch, generator=g) + 0.5)
+    return learner_batch(obs=torch.randn(batch, cfg.window, cfg.n_features, generator=g),
+                         env_state=torch.randn(batch, cfg.env_state_dim, generator=g),
+                         action=actions,
+                         return_n=torch.randn(batch, generator=g),
+                         discount_n=torch.where(torch.rand(batch, generator=g) < 0.25, 0.0, 0.97),
+                         next_obs=torch.randn(batch, cfg.window, cfg.n_features, generator=g),
+                         next_env_state=torch.randn(batch, cfg.env_state_dim, generator=g),
+                         weight=torch.rand(batch, generator=g) + 0.5)
 
 
 def perturbed_learner(cfg: AgentConfig, seed: int = 0, **kw) -> Learner:
@@ -70,14 +79,14 @@ def test_per_item_loss_matches_a_slow_double_dqn_c51_reference():
             q_next = [float(expected_q(next_online[i, br, a], online.support)) for a in range(n_act)]
             a_star = max(range(n_act), key=lambda a: q_next[a])  # online net picks ...
             p_next = torch.softmax(next_target[i, br, a_star], -1).tolist()  # ... target net evaluates
-            tz = [float(b.returns[i]) + float(b.discounts[i]) * z for z in support]
+            tz = [float(b.return_n[i]) + float(b.discount_n[i]) * z for z in support]
             m = eq7_reference(tz, p_next, support)
-            log_p = torch.log_softmax(logits[i, br, int(b.actions[i, br])], -1).tolist()
+            log_p = torch.log_softmax(logits[i, br, int(b.action[i, br])], -1).tolist()
             per_branch.append(-sum(mj * lj for mj, lj in zip(m, log_p)))
         want.append(sum(per_branch) / len(per_branch))
     want = torch.tensor(want)
     torch.testing.assert_close(metrics["priorities"], want, atol=1e-4, rtol=1e-4)
-    torch.testing.assert_close(metrics["loss"], (b.weights * want).mean(), atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(metrics["loss"], (b.weight * want).mean(), atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(metrics["td_error_mean"], want.mean(), atol=1e-4, rtol=1e-4)
 
 
@@ -156,7 +165,7 @@ def test_non_finite_batch_keeps_parameters_finite_and_trips_the_kill_check():
     learner = perturbed_learner(cfg)
     b = random_batch(cfg)
     learner.update(b)
-    bad = b._replace(returns=b.returns.clone().index_fill_(0, torch.tensor([3]), float("nan")))
+    bad = b._replace(return_n=b.return_n.clone().index_fill_(0, torch.tensor([3]), float("nan")))
     metrics = learner.update(bad)
     assert not torch.isfinite(metrics["loss"])
     assert all(torch.isfinite(p).all() for p in learner.online.parameters())
@@ -204,8 +213,8 @@ def test_contextual_bandit_learns_to_rank_the_better_direction_first(encoder):
         direction = actions[:, 0]
         payoff = torch.where(direction == 2, side, torch.where(direction == 0, -side, 0.0))
         returns = payoff + 0.3 * torch.randn(64, generator=g)
-        metrics = learner.update(Batch(obs, env_state, actions, returns, torch.zeros(64), obs, env_state,
-                                       torch.ones(64)))
+        metrics = learner.update(learner_batch(obs, env_state, actions, returns, torch.zeros(64), obs, env_state,
+                                               torch.ones(64)))
         assert torch.isfinite(metrics["loss"])
     obs, env_state, side = draw(512)
     with torch.no_grad():
@@ -225,8 +234,8 @@ def test_update_and_act_replay_in_a_cuda_graph_like_eager():
     net = QNetwork(cfg)
     eager = Learner(copy.deepcopy(net), cfg, "cuda")
     graphed = Learner(copy.deepcopy(net), cfg, "cuda")
-    batches = [Batch(*(t.cuda() for t in random_batch(cfg, seed=s))) for s in range(8)]
-    static = Batch(*(t.clone() for t in batches[0]))
+    batches = [Transitions(*(t.cuda() for t in random_batch(cfg, seed=s))) for s in range(8)]
+    static = Transitions(*(t.clone() for t in batches[0]))
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(side):  # warm-up: AdamW state and autograd buffers are created here

@@ -83,7 +83,8 @@ def test_zero_priority_and_empty_slots_are_never_sampled():
     rb.update_priorities(torch.tensor([39]), torch.tensor([1e4]))  # one dominant slot, so rounding is stressed
     seen = torch.zeros(64, dtype=torch.int64)
     for _ in range(100):
-        idx, batch, w = rb.sample(1024)
+        idx, batch = rb.sample(1024)
+        w = batch.weight
         seen += torch.bincount(idx, minlength=64)
         assert torch.equal(batch.row, idx)  # rows were added as ids == slots
     assert seen[zero].sum().item() == 0
@@ -102,7 +103,7 @@ def test_draws_exactly_on_cdf_boundaries_never_pick_zero_priority_or_empty_slots
     rb.update_priorities(torch.arange(4), torch.tensor([0.0, 1.0, 0.0, 1.0]))
     real_rand = torch.rand
     monkeypatch.setattr(torch, "rand", lambda *a, **k: torch.full_like(real_rand(*a, **k), u01))
-    idx, _, _ = rb.sample(4)
+    idx, _ = rb.sample(4)
     expect = [1, 1, 3, 3] if u01 == 0.0 else [1, 3, 3, 3]
     assert idx.tolist() == expect
 
@@ -116,7 +117,7 @@ def test_sampling_frequency_is_proportional_to_priority_to_the_alpha():
     counts = torch.zeros(K, dtype=torch.float64)
     draws, batch = 0, 64
     for _ in range(1500):
-        idx, _, _ = rb.sample(batch)
+        idx, _ = rb.sample(batch)
         counts += torch.bincount(idx, minlength=K).double()
         draws += batch
 
@@ -135,7 +136,8 @@ def test_alpha_zero_samples_uniformly_over_filled_slots_only():
     torch.manual_seed(3)
     rb = filled(32, 10, alpha=0.0)
     rb.update_priorities(torch.arange(10), torch.linspace(0.1, 9.0, 10))
-    idx, _, w = rb.sample(1000)
+    idx, sampled = rb.sample(1000)
+    w = sampled.weight
     assert idx.max().item() < 10
     # stratified: each filled slot gets 100 ± 1 of 1000 draws
     assert (torch.bincount(idx, minlength=10) - 100).abs().max().item() <= 1
@@ -146,7 +148,8 @@ def test_importance_weights_match_hand_computed_values():
     # priorities 1 and 3, α = 1, β = 1, N = 2: P = (0.25, 0.75); w = (N·P)^-1 = (2, 2/3) → /max = (1, 1/3)
     rb = filled(8, 2, alpha=1.0, beta_start=1.0, beta_end=1.0, eps=0.0)
     rb.update_priorities(torch.tensor([0, 1]), torch.tensor([1.0, 3.0]))
-    idx, _, w = rb.sample(8)  # stratified over 8 segments: exactly 2 draws of slot 0, 6 of slot 1
+    idx, sampled = rb.sample(8)  # stratified over 8 segments: exactly 2 draws of slot 0, 6 of slot 1
+    w = sampled.weight
     assert idx.tolist() == [0, 0, 1, 1, 1, 1, 1, 1]
     assert w.tolist() == pytest.approx([1.0, 1.0] + [1 / 3] * 6)
 
@@ -162,7 +165,8 @@ def test_beta_and_alpha_anneal_linearly_on_the_sample_counter():
     assert alphas == pytest.approx([0.6, 0.5, 0.4, 0.3, 0.2, 0.2])
     # weights use the current β: priorities 1 and 4, α = 0.2 → P ∝ (1, 4^0.2); β = 1 now
     rb.update_priorities(torch.arange(4), torch.tensor([1.0, 4.0, 1.0, 4.0]))
-    idx, _, w = rb.sample(64)
+    idx, sampled = rb.sample(64)
+    w = sampled.weight
     pa = torch.tensor([1.0, 4.0, 1.0, 4.0]) ** 0.2
     expect = 1.0 / (4 * pa[idx] / pa.sum())
     assert torch.allclose(w, expect / expect.max(), rtol=1e-5)
@@ -209,7 +213,8 @@ def test_state_dict_round_trip_continues_identically():
         tr = make_transitions(ids)
         out, valid = acc.push(tr.row, tr.env_state, tr.action, tr.return_n, ids % 5 == 0, tr.next_row, tr.next_env_state)
         rb.add(out, valid)
-        idx, batch, w = rb.sample(16)
+        idx, batch = rb.sample(16)
+        w = batch.weight
         rb.update_priorities(idx, torch.rand(16, generator=gen) * 3)
         return idx, batch, w
 
@@ -263,7 +268,8 @@ def test_add_sample_update_have_no_host_sync_on_meta_device():
     rb = PrioritizedReplay(64, S, B, "meta")
     rb.add(make_transitions(torch.zeros(8, dtype=torch.long, device="meta"), "meta"),
            torch.zeros(8, dtype=torch.bool, device="meta"))
-    idx, batch, w = rb.sample(16)
+    idx, batch = rb.sample(16)
+    w = batch.weight
     rb.update_priorities(idx, torch.zeros(16, device="meta"))
     assert idx.shape == (16,) and batch.next_env_state.shape == (16, S) and w.shape == (16,)
 
@@ -295,7 +301,8 @@ def test_push_add_sample_update_capture_as_a_cuda_graph_and_replay_like_eager():
     def step(acc, rb, inputs):
         out, valid = acc.push(*inputs)
         rb.add(out, valid)
-        idx, b, w = rb.sample(batch)
+        idx, b = rb.sample(batch)
+        w = b.weight
         rb.update_priorities(idx, b.return_n.abs() * w)  # a priority that depends on the sample
         return idx, w
 

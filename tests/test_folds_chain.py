@@ -15,8 +15,9 @@ from trainer.agent.config import AgentConfig
 from trainer.agent.controllers import (CLIP, DRIFT_SEEN, DRIFT_W, GRAD_FAST, GRAD_SLOW, GRAD_SLOW_W, LR, Q_DRIFT,
                                        Q_MAG, WARMUP_ACTIVE, WARMUP_FACTOR)
 from trainer.agent.kill import UPDATES, ZERO_RUN
-from trainer.agent.learner import Batch, Learner
+from trainer.agent.learner import Learner
 from trainer.agent.network import QNetwork
+from trainer.agent.replay import Transitions
 from trainer.errors import InputError
 from trainer.folds.chain import (ChainConfig, fold_boundary, fresh_network, load_final_state, wait_for_previous,
                                  warm_start)
@@ -31,11 +32,14 @@ def _cfg(**kw) -> AgentConfig:
     return AgentConfig(**{**base, **kw})
 
 
-def _batch(gen: torch.Generator, n: int = 8) -> Batch:
-    return Batch(torch.randn(n, W, F, generator=gen), torch.rand(n, S, generator=gen),
-                 torch.randint(0, 3, (n, 4), generator=gen), torch.randn(n, generator=gen),
-                 torch.full((n,), 0.9), torch.randn(n, W, F, generator=gen), torch.rand(n, S, generator=gen),
-                 torch.ones(n))
+def _batch(gen: torch.Generator, n: int = 8) -> Transitions:
+    obs, env_state = torch.randn(n, W, F, generator=gen), torch.rand(n, S, generator=gen)
+    action, return_n = torch.randint(0, 3, (n, 4), generator=gen), torch.randn(n, generator=gen)
+    next_obs, next_env_state = torch.randn(n, W, F, generator=gen), torch.rand(n, S, generator=gen)
+    rows = torch.zeros(n, dtype=torch.int64)  # the learner reads the windows, not the rows
+    return Transitions(row=rows, env_state=env_state, action=action, return_n=return_n,
+                       discount_n=torch.full((n,), 0.9), next_row=rows, next_env_state=next_env_state,
+                       weight=torch.ones(n), obs=obs, next_obs=next_obs)
 
 
 def _trained_learner(cfg: AgentConfig, updates: int = 12) -> Learner:

@@ -7,8 +7,8 @@ import torch
 
 from trainer.loop.config import preset
 from trainer.loop.fold import FoldTrainer, Window, direction_entropy
-from trainer.loop.step import (ACT_CONFINED_MAX_WINDOWS_PER_ITEM, GraphedStep, acting_sm_share, compile_options,
-                               gather_windows)
+from trainer.loop.step import (ACT_CONFINED_MAX_WINDOWS_PER_ITEM, METRICS, GraphedStep, StepMetrics, acting_sm_share,
+                               compile_options, gather_windows)
 from trainer.sim.synthetic import random_decision_tape
 
 
@@ -206,3 +206,18 @@ def test_compiled_step_follows_the_eager_step():
         m_e, m_c = eager.step_fn.metrics, compiled.step_fn.metrics
         torch.testing.assert_close(m_c.sums, m_e.sums, rtol=1e-4, atol=1e-5)
         assert torch.equal(eager.state.position, compiled.state.position)  # the same actions were taken
+
+
+def test_step_metrics_sum_each_statistic_into_its_named_slot():
+    metrics = StepMetrics.zeros(torch.device("cpu"))
+    stats = {"loss": torch.tensor(1.5), "q_mean": torch.tensor(-2.0), "grad_norm": torch.tensor(3.0),
+             "lr": torch.tensor(1e-3), "clip": torch.tensor(10.0), "tau": torch.tensor(0.005),
+             "td_error_mean": torch.tensor(99.0), "priorities": torch.ones(4)}
+    metrics.add_update(stats)
+    metrics.add_update({**stats, "loss": torch.tensor(0.5)})
+    metrics.add_reward(torch.tensor([1.0, 3.0]))  # one env step, mean 2
+    assert float(metrics.count) == 2
+    got = {name: round(float(metrics.mean(name)), 6) for name in METRICS}
+    assert got == {"loss": 1.0, "q_mean": -2.0, "grad_norm": 3.0, "lr": 0.001, "clip": 10.0, "tau": 0.005,
+                   "reward": 1.0}
+    assert dict(zip(StepMetrics.NAMES, (metrics.sums / metrics.count).tolist()))["reward"] == 1.0  # the log line's view

@@ -150,8 +150,8 @@ def count_step_flops(preset_name: str, n_envs: int, device: str, seed: int = 0,
     """Matmul/conv FLOPs of one full step (act forward + target forwards + online forward/backward), counted by
     torch.utils.flop_counter from the ops' shapes (analytic, not measured), on an uncompiled twin of the timed
     trainer: compiled code hides its ops from the counter, and a step run under the counter's dispatch mode
-    leaves torch.compile'd functions running eagerly afterwards (measured: a captured graph then ran 4.1 ms per
-    step instead of 1.85)."""
+    leaves torch.compile'd functions running eagerly afterwards (measured: a captured graph then ran the eager
+    kernels, at less than half the speed)."""
     from torch.utils.flop_counter import FlopCounterMode
 
     twin = _bench_trainer(preset_name, n_envs, device, seed, window_rows, agent, "none", warm_updates=0)
@@ -188,7 +188,7 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
     if dev.type == "cuda":
         torch.cuda.synchronize(dev)  # host sync: end of the timed region only
     seconds = time.perf_counter() - t0
-    losses.append(float(step.metrics.sums[0] / step.metrics.count.clamp(min=1)))
+    losses.append(float(step.metrics.mean("loss")))  # host sync, once per run
     sps = steps / seconds
     return {
         "bench": "step", "mode": mode, "preset": preset_name, "n_envs": n_envs, "steps": steps,
@@ -308,8 +308,8 @@ def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100",
     a profiler's per-kernel overhead. With mode='eager' (any device) the pieces run eagerly, timed by the host clock.
 
     A piece's time alone minus its share of the step says how much the others hide it; the learner's chain alone
-    bounds the step from below however well acting overlaps it (docs/BENCHMARKS.md, v6 and v7)."""
-    from trainer.agent.learner import Batch
+    bounds the step from below however well acting overlaps it (docs/BENCHMARKS.md, "Pieces of the step")."""
+    from trainer.agent.replay import Transitions
     from trainer.loop.step import capture_graph
 
     dev = torch.device(device)
@@ -321,15 +321,16 @@ def time_pieces(n_envs: int, steps: int, device: str, preset_name: str = "h100",
     trainer = _bench_trainer(preset_name, n_envs, device, 0, window_rows, agent, compile, loop=loop, mode=mode)
     step = trainer.step_fn
     learner = step.learner
-    _, sampled = step._sample()
-    batch = Batch(*(t.clone() for t in sampled))  # the loss_gradient piece's fixed batch (static for a graph)
+    _, sampled = step.kernels.sample()
+    batch = Transitions(*(t.clone() for t in sampled))  # the loss_gradient piece's fixed batch (static for a graph)
     grads = learner.backward(batch)  # what the apply piece applies, again and again
 
     def learner_chain() -> None:
-        idx, b = step._sample()
-        step._priorities(idx, learner.update(b))
+        idx, b = step.kernels.sample()
+        step.kernels.priorities(idx, learner.update(b))
 
-    pieces = {"step": step, "learner": learner_chain, "act_and_store": step.act_and_store, "sample": step._sample,
+    pieces = {"step": step, "learner": learner_chain, "act_and_store": step.act_and_store,
+              "sample": step.kernels.sample,
               "loss_gradient": lambda: learner.backward(batch), "apply": lambda: learner.apply(grads)}
     ms = {}
     for name in PIECES:

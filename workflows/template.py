@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from dataclasses import dataclass
 from pathlib import Path
@@ -27,6 +26,8 @@ from typing import Sequence as Seq
 import yaml
 from hera.workflows import DAG, Container, Parameter, RetryStrategy, Task, WorkflowTemplate
 from hera.workflows import models as m
+
+from trainer.fsutil import atomic_write_text
 
 __all__ = [
     "TemplateConfig",
@@ -437,9 +438,7 @@ def render_yaml(cfg: TemplateConfig = DEFAULTS, fold_mode: str = "independent", 
 def write_rendered(path: Path = RENDERED_PATH, fold_mode: str = "independent", folds: int | None = None) -> Path:
     """Write the rendered YAML of one shape atomically (temp name, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}")
-    tmp.write_text(render_yaml(DEFAULTS, fold_mode, folds))
-    os.replace(tmp, path)
+    atomic_write_text(path, render_yaml(DEFAULTS, fold_mode, folds))
     return path
 
 

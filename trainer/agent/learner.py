@@ -1,13 +1,20 @@
 """Learner: online + target Q-networks, AdamW, controllers, kill monitor, and the C51 update.
 
-One `update(batch)` is: double-DQN C51 target per branch (the online net picks a* = argmax E[Q]
-at x' per branch, the target net's distribution of a* is projected through r + γⁿ z), per-branch
-cross-entropy against the online logits of the taken action, averaged over branches, weighted by
-the importance weights; backward; adaptive clip; AdamW step; Polyak target update; controller
-and kill-monitor statistics. Everything stays on the device: no host syncs, no data-dependent
-shapes and no Python branching on tensor values, so the whole update can be captured in a CUDA
-graph (AdamW runs fused with `capturable=True` and a 0-dim tensor lr on CUDA; gradients are views into
-one flat buffer that is overwritten in place, never set to None, so their storage is stable across replays).
+One `update(batch) = apply(backward(batch))`, read top to bottom in those two methods:
+
+    backward  1. double-DQN target at x': the online net picks a* = argmax E[Q] per branch, the target net
+                 gives the distribution of a*                                    (two side streams)
+              2. the online logits of the taken actions at x                     (with the autograd graph)
+              3. loss: per-branch cross-entropy against the target projected through r + γⁿ z,
+                 averaged over branches, weighted by the importance weights
+              4. the gradient, into one flat buffer
+    apply     5. adaptive clip   6. AdamW   7. Polyak target update   8. controller and kill-monitor statistics
+
+The step (trainer/loop/step.py) calls the two halves itself, so that acting, which reads the online weights, can
+run until AdamW. Everything stays on the device: no host syncs, no data-dependent shapes and no Python branching on
+tensor values, so the whole update can be captured in a CUDA graph (AdamW runs fused with `capturable=True` and a
+0-dim tensor lr on CUDA; gradients are views into one flat buffer that is overwritten in place, never set to None,
+so their storage is stable across replays).
 """
 from __future__ import annotations
 
@@ -25,30 +32,29 @@ from trainer.agent.config import AgentConfig
 from trainer.agent.controllers import Controllers
 from trainer.agent.kill import KillMonitor
 from trainer.agent.network import QNetwork, expected_q
+from trainer.agent.replay import Transitions
 from trainer.streams import HIGH_PRIORITY, SideStream
 
 OPTIM_STATE_KEYS = ("step", "exp_avg", "exp_avg_sq")
 
 
-class Batch(NamedTuple):
-    """One replay sample; `Learner.update` also accepts the plain 8-tuple in this order."""
-    obs: Tensor  # (B, W, F) float32
-    env_state: Tensor  # (B, S) float32
-    actions: Tensor  # (B, n_branches) int64
-    returns: Tensor  # (B,) n-step discounted return
-    discounts: Tensor  # (B,) γⁿ (1 - done)
-    next_obs: Tensor  # (B, W, F)
-    next_env_state: Tensor  # (B, S)
-    weights: Tensor  # (B,) importance-sampling weights
-
-
 class Loss(NamedTuple):
-    """What `Learner.loss` leaves for `Learner.gradient` (with the autograd graph), and `gradient` for `apply`
-    (detached: the gradient itself is then in `Learner.flat_grad`)."""
+    """What `Learner.backward` leaves for `Learner.apply`, detached (the gradient itself is in `Learner.flat_grad`)."""
     loss: Tensor  # () importance-weighted mean cross-entropy
     per_item: Tensor  # (B,) cross-entropy per item, averaged over branches (the new priorities)
     taken: Tensor  # (B, nb, N) online logits of the taken actions
-    returns: Tensor  # (B,) n-step returns of the batch
+    return_n: Tensor  # (B,) n-step returns of the batch
+
+
+class UpdateKernels(NamedTuple):
+    """The tensor-only pieces of the update that `Learner.compile` puts through torch.compile ('all' or
+    'autotune'); eager bound methods otherwise. The gradient copy, AdamW and Polyak are never in it."""
+    greedy_actions: Callable[[Tensor, Tensor], Tensor]
+    target_logits: Callable[[Tensor, Tensor], Tensor]
+    taken_logits: Callable[[Tensor, Tensor, Tensor], Tensor]
+    cross_entropy: Callable[..., tuple[Tensor, Tensor]]
+    clip_gradient: Callable[[], tuple[Tensor, Tensor, Tensor, Tensor]]
+    statistics: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
 
 class Learner:
@@ -84,6 +90,8 @@ class Learner:
                                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
                                            capturable=on_accel, fused=on_accel or None)
         self.update_step = torch.zeros((), dtype=torch.int64, device=self.device)
+        self.kernels = UpdateKernels(self._greedy_actions, self._target_logits, self._taken_logits,
+                                     self._cross_entropy, self._clip_gradient, self._statistics)
 
     # ----------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -106,49 +114,83 @@ class Learner:
         torch._foreach_mul_(self.target_params, keep)
         torch._foreach_add_(self.target_params, torch._foreach_mul(self.params, tau))
 
-    def update(self, batch: Batch | tuple[Tensor, ...]) -> dict[str, Tensor]:
+    def update(self, batch: Transitions) -> dict[str, Tensor]:
         """One gradient step: `apply(backward(batch))`. Returns 0-dim device tensors (loss, q_mean, grad_norm, lr,
         clip, tau, td_error_mean) and `priorities` (B,), the per-item cross-entropy for the replay."""
         return self.apply(self.backward(batch))
 
-    def backward(self, batch: Batch | tuple[Tensor, ...]) -> Loss:
-        """The double-DQN C51 target, the loss and its backward into `flat_grad`: `gradient(loss(batch))`.
-        Parameters are only read, so a caller may act with the online net concurrently (trainer/loop/step.py)
-        until `apply`."""
-        return self.gradient(self.loss(batch))
-
-    def loss(self, batch: Batch | tuple[Tensor, ...]) -> Loss:
-        """The double-DQN C51 target and the loss, with the autograd graph of the online forward at x. With
-        `overlap` the online and the target forwards at x' run on two side streams while the online forward at
-        x runs on the current one."""
-        obs, env_state, actions, returns, discounts, next_obs, next_env_state, weights = batch
+    def backward(self, batch: Transitions) -> Loss:
+        """Steps 1-4 of the update: the double-DQN C51 loss of `batch` (obs, next_obs and weight set) and its
+        gradient in `flat_grad`. Parameters are only read, so a caller may act with the online net concurrently
+        (trainer/loop/step.py) until `apply`."""
+        k = self.kernels
+        # 1. Double-DQN target at x', with `overlap` on two side streams while 2 runs on this one.
         with self.side.fork():
-            next_a = self._greedy_actions(next_obs, next_env_state)
+            next_a = k.greedy_actions(batch.next_obs, batch.next_env_state)  # (B, nb) a* of the online net
         with self.side_target.fork():
-            next_logits = self._target_logits(next_obs, next_env_state)
-        taken = self._taken_logits(obs, env_state, actions)
+            next_logits = k.target_logits(batch.next_obs, batch.next_env_state)  # (B, nb, A_max, N) target net
+        # 2. The online logits of the taken actions at x, with their autograd graph.
+        taken = k.taken_logits(batch.obs, batch.env_state, batch.action)  # (B, nb, N)
         self.side.join()
         self.side_target.join()
-        loss, per_item = self._cross_entropy(taken, next_logits, next_a, returns, discounts, weights)
-        return Loss(loss, per_item, taken, returns)
-
-    def gradient(self, loss: Loss) -> Loss:
-        """The backward of `loss` into `flat_grad`; returns the loss terms detached."""
-        # The gradient lands in the flat buffer in one copy (a .backward() would add into each parameter's view:
-        # a zero_ and one kernel per tensor). Parameters the loss does not reach get zeros.
-        grads = torch.autograd.grad(loss.loss, self.params, materialize_grads=True)
+        # 3. Cross-entropy against the target distribution of a*, projected through r + γⁿ z.
+        loss, per_item = k.cross_entropy(taken, next_logits, next_a, batch.return_n, batch.discount_n,
+                                         batch.weight)  # (), (B,)
+        # 4. The gradient lands in the flat buffer in one copy (a .backward() would add into each parameter's view:
+        #    a zero_ and one kernel per tensor). Parameters the loss does not reach get zeros.
+        grads = torch.autograd.grad(loss, self.params, materialize_grads=True)
         torch.cat([g.reshape(-1) for g in grads], out=self.flat_grad)
-        return Loss(*(t.detach() for t in loss))
+        return Loss(loss.detach(), per_item.detach(), taken.detach(), batch.return_n.detach())
 
-    def apply(self, grads: Loss) -> dict[str, Tensor]:
-        """Adaptive clip of `flat_grad`, AdamW, Polyak, and the controller and kill-monitor statistics."""
-        grad_norm, clip, lr, tau = self._clip_gradient()
+    def apply(self, loss: Loss) -> dict[str, Tensor]:
+        """Steps 5-8 of the update, on the gradient that `backward` left in `flat_grad`."""
+        k = self.kernels
+        # 5. Adaptive clip of flat_grad to the controller's clip (a non-finite gradient is zeroed).
+        grad_norm, clip, lr, tau = k.clip_gradient()
+        # 6. AdamW: one fused kernel on CUDA, reading the controller's lr on the device.
         self.optimizer.step()
+        # 7. Polyak: θ_target ← (1 − τ) θ_target + τ θ_online.
         self.polyak_update(tau)
+        # 8. The kill monitor and the controllers observe this update (they move lr, clip, tau for the next one).
+        q_mean = k.statistics(loss.loss, grad_norm, loss.taken, loss.return_n)
+        return {"loss": loss.loss, "q_mean": q_mean, "grad_norm": grad_norm, "lr": lr, "clip": clip, "tau": tau,
+                "td_error_mean": loss.per_item.mean(), "priorities": loss.per_item}
 
-        q_mean = self._statistics(grads.loss, grad_norm, grads.taken, grads.returns)
-        return {"loss": grads.loss, "q_mean": q_mean, "grad_norm": grad_norm, "lr": lr, "clip": clip, "tau": tau,
-                "td_error_mean": grads.per_item.mean(), "priorities": grads.per_item}
+    @torch.no_grad()
+    def _greedy_actions(self, next_obs: Tensor, next_env_state: Tensor) -> Tensor:
+        """Double DQN's selection: a* = argmax E[Q] of the online net at x', per branch. (B, nb) int64."""
+        next_q = expected_q(self.online(next_obs, next_env_state), self.online.support)  # (B, nb, A_max)
+        return next_q.masked_fill(~self.online.action_mask, float("-inf")).argmax(-1)
+
+    @torch.no_grad()
+    def _target_logits(self, next_obs: Tensor, next_env_state: Tensor) -> Tensor:
+        """The target net's logits at x', (B, nb, A_max, N)."""
+        return self.target(next_obs, next_env_state)
+
+    def _taken_logits(self, obs: Tensor, env_state: Tensor, actions: Tensor) -> Tensor:
+        """Online logits of the taken action per branch, (B, nb, N), with their graph for the backward."""
+        logits = self.online(obs, env_state)  # (B, nb, A_max, N)
+        idx = actions[..., None, None].expand(obs.shape[0], self.cfg.n_branches, 1, self.cfg.n_atoms)
+        return logits.gather(2, idx).squeeze(2)
+
+    def _target_distribution(self, next_logits: Tensor, next_a: Tensor, returns: Tensor,
+                             discounts: Tensor) -> Tensor:
+        """Double DQN per branch: the target net's distribution (logits (B, nb, A_max, N) at x') of the online
+        net's a* (B, nb), projected through r + γⁿ z. Returns (B, nb, N) target masses."""
+        batch_size, n_branches, _, n_atoms = next_logits.shape
+        idx = next_a[..., None, None].expand(batch_size, n_branches, 1, n_atoms)
+        next_probs = torch.softmax(next_logits.gather(2, idx).squeeze(2), dim=-1)  # (B, nb, N)
+        return project_distribution(next_probs, returns[:, None].expand(-1, n_branches),
+                                    discounts[:, None].expand(-1, n_branches), self.online.support)
+
+    def _cross_entropy(self, taken: Tensor, next_logits: Tensor, next_a: Tensor, returns: Tensor,
+                       discounts: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
+        """Per-branch cross-entropy of the taken logits against the target masses (`_target_distribution`),
+        averaged over branches, importance-weighted. Returns the loss (0-dim) and the per-item loss (B,)."""
+        target = self._target_distribution(next_logits.detach(), next_a, returns, discounts)  # (B, nb, N)
+        cross_entropy = -(target * F.log_softmax(taken, dim=-1)).sum(-1)  # (B, nb)
+        per_item = cross_entropy.mean(-1)  # (B,) averaged over branches
+        return (weights * per_item).mean(), per_item
 
     @torch.no_grad()
     def _clip_gradient(self) -> tuple[Tensor, Tensor, Tensor, Tensor]:
@@ -164,42 +206,6 @@ class Learner:
         return grad_norm, clip, self.controllers.lr.clone(), self.controllers.tau.clone()
 
     @torch.no_grad()
-    def _greedy_actions(self, next_obs: Tensor, next_env_state: Tensor) -> Tensor:
-        """Double DQN's selection: a* = argmax E[Q] of the online net at x', per branch. (B, nb) int64."""
-        next_q = expected_q(self.online(next_obs, next_env_state), self.online.support)  # (B, nb, A_max)
-        return next_q.masked_fill(~self.online.action_mask, float("-inf")).argmax(-1)
-
-    def _target_distribution(self, next_logits: Tensor, next_a: Tensor, returns: Tensor,
-                             discounts: Tensor) -> Tensor:
-        """Double DQN per branch: the target net's distribution (logits (B, nb, A_max, N) at x') of the online
-        net's a* (B, nb), projected through r + γⁿ z. Returns (B, nb, N) target masses."""
-        batch_size, n_branches, _, n_atoms = next_logits.shape
-        idx = next_a[..., None, None].expand(batch_size, n_branches, 1, n_atoms)
-        next_probs = torch.softmax(next_logits.gather(2, idx).squeeze(2), dim=-1)  # (B, nb, N)
-        return project_distribution(next_probs, returns[:, None].expand(-1, n_branches),
-                                    discounts[:, None].expand(-1, n_branches), self.online.support)
-
-    @torch.no_grad()
-    def _target_logits(self, next_obs: Tensor, next_env_state: Tensor) -> Tensor:
-        """The target net's logits at x', (B, nb, A_max, N)."""
-        return self.target(next_obs, next_env_state)
-
-    def _taken_logits(self, obs: Tensor, env_state: Tensor, actions: Tensor) -> Tensor:
-        """Online logits of the taken action per branch, (B, nb, N), with their graph for the backward."""
-        logits = self.online(obs, env_state)  # (B, nb, A_max, N)
-        idx = actions[..., None, None].expand(obs.shape[0], self.cfg.n_branches, 1, self.cfg.n_atoms)
-        return logits.gather(2, idx).squeeze(2)
-
-    def _cross_entropy(self, taken: Tensor, next_logits: Tensor, next_a: Tensor, returns: Tensor,
-                       discounts: Tensor, weights: Tensor) -> tuple[Tensor, Tensor]:
-        """Per-branch cross-entropy of the taken logits against the target masses (`_target_distribution`),
-        averaged over branches, importance-weighted. Returns the loss (0-dim) and the per-item loss (B,)."""
-        target = self._target_distribution(next_logits.detach(), next_a, returns, discounts)  # (B, nb, N)
-        cross_entropy = -(target * F.log_softmax(taken, dim=-1)).sum(-1)  # (B, nb)
-        per_item = cross_entropy.mean(-1)  # (B,) averaged over branches
-        return (weights * per_item).mean(), per_item
-
-    @torch.no_grad()
     def _statistics(self, loss: Tensor, grad_norm: Tensor, taken: Tensor, returns: Tensor) -> Tensor:
         """Feed the kill monitor and the controllers (about a hundred 0-dim ops); returns the batch mean E[Q]."""
         q_mean = expected_q(taken, self.online.support).mean()
@@ -210,17 +216,12 @@ class Learner:
         return q_mean
 
     def compile(self, compiled: Callable[[Callable], Callable]) -> None:
-        """Compile the tensor-only pieces of `update` with `compiled` (LoopConfig.compile='all' or 'autotune': the
-        step's torch.compile with its options): the three forwards (online at x' for a*, target at x', online at x
-        with its backward), the target projection with the loss, the clip, and the statistics, whose ~100 0-dim ops
+        """Put every piece of `kernels` through `compiled` (LoopConfig.compile='all' or 'autotune': the step's
+        torch.compile with its options): the three forwards (online at x' for a*, target at x', online at x with
+        its backward), the target projection with the loss, the clip, and the statistics, whose ~100 0-dim ops
         fuse into a few kernels. The gradient copy, AdamW (one fused kernel) and Polyak (two foreach kernels) stay
-        eager."""
-        self._greedy_actions = compiled(self._greedy_actions)
-        self._target_logits = compiled(self._target_logits)
-        self._taken_logits = compiled(self._taken_logits)
-        self._cross_entropy = compiled(self._cross_entropy)
-        self._clip_gradient = compiled(self._clip_gradient)
-        self._statistics = compiled(self._statistics)
+        eager. The methods themselves are left as they are."""
+        self.kernels = UpdateKernels(*(compiled(fn) for fn in self.kernels))
 
     # ----------------------------------------------------------------------------------------------
     def state_dict(self) -> dict[str, Tensor]:

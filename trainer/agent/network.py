@@ -116,7 +116,8 @@ def causal_depthwise_conv(u: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     u (Bt, L, D); weight (D, 1, K) and bias (D,) as nn.Conv1d(D, D, K, groups=D) holds them. The same values as
     that Conv1d with padding K-1, first L outputs kept, but as a left pad, a strided window view and one
     multiply-sum in the (Bt, L, D) layout: no transposes, and elementwise work that torch.compile fuses with
-    its neighbours (cuDNN/ATen's generic depthwise kernel was ~30 µs per call at 1,024 x 32 x 128 on an H200).
+    its neighbours (cuDNN/ATen's generic depthwise kernel was the slower, unfused path when measured on an H200:
+    docs/BENCHMARKS.md's history, v3 profile).
     """
     k = weight.shape[-1]
     windows = F.pad(u, (0, 0, k - 1, 0)).unfold(1, k, 1)  # (Bt, L, D, K) view: windows[:, t, :, j] = u_{t-K+1+j}

@@ -21,6 +21,7 @@ from __future__ import annotations
 import argparse
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
@@ -81,9 +82,14 @@ class ReplayConfig:
             raise ValueError(f"eps must be >= 0, got {self.eps}")
 
 
-@dataclass(frozen=True)
-class Transitions:
-    """A batch of n-step transitions (also what `PrioritizedReplay.sample` returns)."""
+class Transitions(NamedTuple):
+    """A batch of n-step transitions, one per row: the one batch type of the training step.
+
+    `NStepAccumulator.push` emits it, `PrioritizedReplay.add` stores it, `PrioritizedReplay.sample` returns it with
+    `weight` set, the step gathers `obs` and `next_obs` from the feature tensor (trainer/loop/step.py), and the
+    learner trains on it (`Learner.backward` reads obs, env_state, action, return_n, discount_n, next_obs,
+    next_env_state, weight).
+    """
 
     row: torch.Tensor  # (N,) int64 decision row of obs
     env_state: torch.Tensor  # (N, S) float32 env's own state at obs
@@ -92,12 +98,9 @@ class Transitions:
     discount_n: torch.Tensor  # (N,) float32 γ^m to bootstrap with, 0 when cut by done
     next_row: torch.Tensor  # (N,) int64 decision row of the bootstrap obs
     next_env_state: torch.Tensor  # (N, S) float32
-
-    def __len__(self) -> int:
-        return int(self.row.shape[0])
-
-
-Batch = Transitions
+    weight: torch.Tensor | None = None  # (N,) importance-sampling weight, batch max 1 (set by `sample`)
+    obs: torch.Tensor | None = None  # (N, W, F) float32 feature window ending at `row` (set by the step)
+    next_obs: torch.Tensor | None = None  # (N, W, F) float32 feature window ending at `next_row`
 
 
 def _check_state(sd: dict[str, torch.Tensor], own: dict[str, torch.Tensor], what: str) -> None:
@@ -320,7 +323,7 @@ class PrioritizedReplay:
         Valid rows land contiguously (ring order) with the running max priority; invalid rows are
         written to the scratch slot. Cost: O(n) plus one cumsum; no host sync.
         """
-        n = len(transitions)
+        n = transitions.row.shape[0]
         if n > self.capacity:  # a shape check, not a value check: no sync
             raise ValueError(f"add of {n} rows exceeds capacity {self.capacity}; use effective_capacity()")
         v = valid.to(torch.int64)  # (n,)
@@ -341,8 +344,8 @@ class PrioritizedReplay:
         self.write_ptr.copy_(torch.remainder(self.write_ptr + count, self.capacity))
         self.size.copy_(torch.clamp(self.size + count, max=self.capacity))
 
-    def sample(self, batch_size: int) -> tuple[torch.Tensor, Batch, torch.Tensor]:
-        """Draw `batch_size` slots with P(i) = p_i^α / Σ p^α; return (indices, batch, is_weights).
+    def sample(self, batch_size: int) -> tuple[torch.Tensor, Transitions]:
+        """Draw `batch_size` slots with P(i) = p_i^α / Σ p^α; return (indices (B,), the transitions with `weight`).
 
         Stratified as in Schaul et al. (2016) App. B.2.1: draw j uses u_j uniform in the j-th of
         batch_size equal segments of [0, Σ p^α). Importance weights (N·P(i))^−β are divided by their
@@ -377,8 +380,9 @@ class PrioritizedReplay:
             discount_n=self.discount_n.index_select(0, idx),
             next_row=self.next_row.index_select(0, idx),
             next_env_state=self.next_env_state.index_select(0, idx),
+            weight=w,
         )
-        return idx, batch, w
+        return idx, batch
 
     def update_priorities(self, indices: torch.Tensor, priorities: torch.Tensor) -> None:
         """Set p_i = priorities + eps for the sampled `indices` (typically priorities = |TD error|).
@@ -457,7 +461,7 @@ def bench_replay(
 
     t0 = time.perf_counter()
     for _ in range(steps):
-        idx, _, w = rb.sample(batch)
+        idx, _ = rb.sample(batch)
     _sync(dev)
     t_sample = time.perf_counter() - t0
 

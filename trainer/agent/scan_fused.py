@@ -245,11 +245,9 @@ def _blocks(n_seq: int, d: int, n: int) -> tuple[int, int, int]:
     """(BLOCK_D, BLOCK_N, warps), a fixed function of the shapes (no autotuning: the backward's partial sums, and
     so its rounding, depend on BLOCK_D, and a resumed run must replay bit for bit).
 
-    One warp per program and enough programs to fill the GPU: measured on an H200 at L=32, D=128, N=16
-    (docs/BENCHMARKS.md, "scan launch shape", with the prefetching kernels), BLOCK_D=16 is fastest at 256
-    sequences (forward / forward saving states / backward 18/33/39 µs against 27/34/43 at 32) and 64 at 1,024
-    (38/112/137 µs; the acting pass there runs the forward alone). The unmasked exp2 kernels of v8 take
-    11.7/30.5/35.4 µs at 256 and 32.1/103.4/141.3 at 1,024."""
+    One warp per program and enough programs to fill the GPU: measured on an H200 at L=32, D=128, N=16, BLOCK_D=16
+    is fastest at 256 sequences (the learner's shape) and 64 at 1,024 (acting's, which runs the forward alone);
+    the timings are in docs/BENCHMARKS.md, "Scan kernels"."""
     block_n = triton.next_power_of_2(n)
     block_d = 16 if n_seq < 512 else 64
     block_d = max(1, min(block_d, triton.next_power_of_2(d), 2048 // block_n))
@@ -258,10 +256,8 @@ def _blocks(n_seq: int, d: int, n: int) -> tuple[int, int, int]:
 
 def _last_blocks(n_seq: int, d: int, n: int, backward: bool) -> tuple[int, int, int]:
     """(BLOCK_D, BLOCK_N, warps) for the last-position kernels, a fixed function of the shapes as in `_blocks`.
-    Measured on an H200 at L=32, D=128, N=16 (µs per call inside a CUDA graph; docs/BENCHMARKS.md v10): at 256
-    sequences BLOCK_D 32 with one warp (forward 8.3, backward 19.1; the walk takes 11.5 forward, 30.2 saving its
-    states and 34.9 backward); at 1,024 sequences 64 forward (23.2 against the walk's 32.1) and 16 backward
-    (87.0)."""
+    Measured on an H200 at L=32, D=128, N=16 (docs/BENCHMARKS.md, "Scan kernels"): at 256 sequences BLOCK_D 32
+    with one warp both ways; at 1,024 sequences 64 forward and 16 backward."""
     block_n = triton.next_power_of_2(n)
     block_d = 32 if n_seq < 512 else (16 if backward else 64)
     block_d = max(1, min(block_d, triton.next_power_of_2(d), 2048 // block_n))

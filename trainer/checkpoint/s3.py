@@ -35,7 +35,8 @@ from boto3.s3.transfer import TransferConfig
 from botocore.config import Config as BotoConfig
 
 from trainer.checkpoint.format import CorruptCheckpoint, read_checkpoint
-from trainer.checkpoint.store import NAME_RE, _fsync_directory, latest_valid, retention_victims
+from trainer.checkpoint.store import NAME_RE, latest_valid, retention_victims
+from trainer.fsutil import fsync_file, replace_file
 
 __all__ = ["ENDPOINT_ENV", "S3Mirror", "S3MirrorConfig"]
 
@@ -314,11 +315,9 @@ class S3Mirror:
                 if checkpoint.step != step:
                     self.log("s3_restore_skipped", key=key, reason=f"header step {checkpoint.step} != name step {step}")
                     continue
-                with open(temp, "rb+") as handle:
-                    os.fsync(handle.fileno())
+                fsync_file(temp)  # boto wrote it; durable before it takes the final name
                 final = directory / name
-                os.replace(temp, final)
-                _fsync_directory(directory)
+                replace_file(temp, final)
                 self.log("s3_restored", key=key, path=str(final), step=step)
                 return final
             finally:

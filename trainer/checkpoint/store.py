@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, Mapping
 
 from trainer.checkpoint.format import Checkpoint, CorruptCheckpoint, read_checkpoint, write_stream
+from trainer.fsutil import atomic_write, fsync_directory
 
 __all__ = [
     "Checkpoint",
@@ -76,15 +77,6 @@ def retention_victims(steps: Iterable[int], written_step: int, keep: int) -> lis
     return sorted(older[keep - 1 :] + newer)
 
 
-def _fsync_directory(directory: Path) -> None:
-    """Make a rename/unlink in `directory` durable (POSIX: the entry lives in the directory's data)."""
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _remove_stale_temps(directory: Path) -> None:
     """Delete temp files left by a writer that crashed before its rename (one writer per directory)."""
     for entry in directory.iterdir():
@@ -106,24 +98,16 @@ def write_checkpoint(
     final_name = checkpoint_name(step)
     directory = Path(directory)
     directory.mkdir(parents=True, exist_ok=True)
+    # A unique temp name that _remove_stale_temps recognises (a crashed writer's file is swept by the next write).
     temp = directory / f"{_TEMP_PREFIX}{step:012d}.bin.tmp-{uuid.uuid4().hex}"
-    try:
-        with open(temp, "wb", buffering=1 << 20) as out:
-            write_stream(out, step, sections)
-            out.flush()
-            os.fsync(out.fileno())
-        final = directory / final_name
-        os.replace(temp, final)
-    except BaseException:
-        temp.unlink(missing_ok=True)
-        raise
-    _fsync_directory(directory)
+    final = directory / final_name
+    atomic_write(final, lambda out: write_stream(out, step, sections), temp=temp, buffering=1 << 20)
     victims = set(retention_victims((s for s, _ in list_checkpoints(directory)), step, keep))
     for victim_step, victim in list_checkpoints(directory):
         if victim_step in victims:
             victim.unlink(missing_ok=True)
     _remove_stale_temps(directory)
-    _fsync_directory(directory)
+    fsync_directory(directory)
     return final
 
 

@@ -27,6 +27,7 @@ from urllib.parse import unquote
 
 from trainer.data.tape import MarketTape
 from trainer.errors import InputError
+from trainer.fsutil import publish_directory, write_durably
 
 __all__ = ["ParsedSpec", "parse_spec", "quote_path", "spec_from_dirs", "load_tape", "describe_spec", "synthetic_dir"]
 
@@ -158,9 +159,9 @@ def synthetic_dir(parsed: ParsedSpec, work_dir: Path | None = None) -> tuple[Pat
             mbp10, trades = synth.write_synthetic(tmp, seed=seed, days=days, signal=signal)
             rel = {"mbp10": str(Path(mbp10).resolve().relative_to(tmp.resolve())),
                    "trades": str(Path(trades).resolve().relative_to(tmp.resolve()))}
-            (tmp / "manifest.json").write_text(json.dumps(rel))
+            write_durably(tmp / "manifest.json", lambda f: f.write(json.dumps(rel).encode()))
             try:
-                os.rename(tmp, final)
+                publish_directory(tmp, final)  # False: a concurrent builder published first
             except OSError:
                 if not manifest.is_file():
                     raise

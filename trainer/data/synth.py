@@ -289,6 +289,39 @@ def _fresh_size(u: float, mean: float) -> int:
 
 
 @njit(cache=True)
+def _book_record(book, nr: int, i: int, action: int, side: int, depth: int, price: int, size: int, kind: int,
+                 bid: np.ndarray, ask: np.ndarray, b: int, a: int, p: float) -> int:
+    """Write MBP-10 record `nr` of event `i` (the change, then the book after it) into the `book` arrays;
+    returns nr + 1. Flags are set per event by the caller (F_LAST on its last record)."""
+    rec_event, rec_action, rec_side, rec_depth, rec_price, rec_size, rec_kind, rec_p, out_bid, out_ask, out_b, out_a = book
+    rec_event[nr] = i
+    rec_action[nr] = action
+    rec_side[nr] = side
+    rec_depth[nr] = depth
+    rec_price[nr] = price
+    rec_size[nr] = size
+    rec_kind[nr] = kind
+    out_bid[nr] = bid
+    out_ask[nr] = ask
+    out_b[nr] = b
+    out_a[nr] = a
+    rec_p[nr] = p
+    return nr + 1
+
+
+@njit(cache=True)
+def _trade_record(trades, nt: int, i: int, price: int, size: int, side: int, depth: int) -> int:
+    """Write trade record `nt` of event `i` (side = the aggressor) into the `trades` arrays; returns nt + 1."""
+    tr_event, tr_px, tr_size, tr_side, tr_depth = trades
+    tr_event[nt] = i
+    tr_px[nt] = price
+    tr_size[nt] = size
+    tr_side[nt] = side
+    tr_depth[nt] = depth
+    return nt + 1
+
+
+@njit(cache=True)
 def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
     bid0: int, p0: float, phi: float, profile: np.ndarray, add_w_cum: np.ndarray,
     price_event_prob: float, refill_prob: float, widen_prob: float, sweep_trade_prob: float,
@@ -318,6 +351,8 @@ def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
     out_ask = np.empty((cap, 10), np.int64)
     out_b = np.empty(cap, np.int64)
     out_a = np.empty(cap, np.int64)
+    book = (rec_event, rec_action, rec_side, rec_depth, rec_price, rec_size, rec_kind, rec_p, out_bid, out_ask,
+            out_b, out_a)
     tr_event = np.empty(cap, np.int64)
     tr_px = np.empty(cap, np.int64)
     tr_size = np.empty(cap, np.int64)
@@ -325,6 +360,7 @@ def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
     tr_depth = np.empty(cap, np.uint8)
     tr_flags = np.zeros(cap, np.uint8)
     tr_row = np.empty(cap, np.int64)
+    trades = (tr_event, tr_px, tr_size, tr_side, tr_depth)
 
     bid = np.empty(10, np.int64)
     ask = np.empty(10, np.int64)
@@ -357,6 +393,9 @@ def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
             if remove:
                 # Empty the touch on the side the price moves away from: ask when up, bid when down.
                 side_sz = ask if up else bid
+                touch_side = ASK if up else BID
+                aggressor = BID if up else ASK
+                touch_px = a if up else b  # the level being emptied, before the best price moves
                 q0 = side_sz[0]
                 traded = u[i, 5] < sweep_trade_prob
                 if traded:
@@ -365,34 +404,10 @@ def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
                     tq = min(q0, _geometric(u[i, 3], 2.0 * market_size_mean))
                     if tq < q0:
                         side_sz[0] = tq
-                        rec_event[nr] = i
-                        rec_action[nr] = CAN
-                        rec_side[nr] = ASK if up else BID
-                        rec_depth[nr] = 0
-                        rec_price[nr] = a if up else b
-                        rec_size[nr] = q0 - tq
-                        rec_kind[nr] = KIND_REMOVE_CANCEL
-                        out_bid[nr] = bid
-                        out_ask[nr] = ask
-                        out_b[nr] = b
-                        out_a[nr] = a
-                        rec_p[nr] = p
-                        nr += 1
+                        nr = _book_record(book, nr, i, CAN, touch_side, 0, touch_px, q0 - tq, KIND_REMOVE_CANCEL,
+                                          bid, ask, b, a, p)
                         q0 = tq
-                rec_event[nr] = i
-                rec_action[nr] = CAN
-                rec_side[nr] = ASK if up else BID
-                rec_depth[nr] = 0
-                rec_price[nr] = a if up else b
-                rec_size[nr] = q0
-                rec_kind[nr] = KIND_REMOVE_TRADE if traded else KIND_REMOVE_CANCEL
-                if traded:
-                    tr_event[nt] = i
-                    tr_px[nt] = a if up else b
-                    tr_size[nt] = q0
-                    tr_side[nt] = BID if up else ASK  # aggressor
-                    tr_depth[nt] = 0
-                    nt += 1
+                    nt = _trade_record(trades, nt, i, touch_px, q0, aggressor, 0)
                 for k in range(9):
                     side_sz[k] = side_sz[k + 1]
                 side_sz[9] = _fresh_size(u[i, 6], profile[9])
@@ -400,35 +415,16 @@ def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
                     a += 1
                 else:
                     b -= 1
-                out_bid[nr] = bid
-                out_ask[nr] = ask
-                out_b[nr] = b
-                out_a[nr] = a
-                rec_p[nr] = p
-                nr += 1
+                nr = _book_record(book, nr, i, CAN, touch_side, 0, touch_px, q0,
+                                  KIND_REMOVE_TRADE if traded else KIND_REMOVE_CANCEL, bid, ask, b, a, p)
                 if traded and u[i, 7] < walk_prob and side_sz[0] > 1:
                     # The sweeping order walks into the next level (never empties it).
                     extra = min(_geometric(u[i, 2], market_size_mean), side_sz[0] - 1)
                     side_sz[0] -= extra
-                    rec_event[nr] = i
-                    rec_action[nr] = CAN
-                    rec_side[nr] = ASK if up else BID
-                    rec_depth[nr] = 0
-                    rec_price[nr] = a if up else b
-                    rec_size[nr] = extra
-                    rec_kind[nr] = KIND_WALK
-                    out_bid[nr] = bid
-                    out_ask[nr] = ask
-                    out_b[nr] = b
-                    out_a[nr] = a
-                    rec_p[nr] = p
-                    nr += 1
-                    tr_event[nt] = i
-                    tr_px[nt] = a if up else b
-                    tr_size[nt] = extra
-                    tr_side[nt] = BID if up else ASK
-                    tr_depth[nt] = 1
-                    nt += 1
+                    new_touch_px = a if up else b
+                    nr = _book_record(book, nr, i, CAN, touch_side, 0, new_touch_px, extra, KIND_WALK,
+                                      bid, ask, b, a, p)
+                    nt = _trade_record(trades, nt, i, new_touch_px, extra, aggressor, 1)
             else:
                 # Close the gap from the side the price moves toward: bid improves when up.
                 side_sz = bid if up else ask
@@ -440,23 +436,14 @@ def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
                     b += 1
                 else:
                     a -= 1
-                rec_event[nr] = i
-                rec_action[nr] = ADD
-                rec_side[nr] = BID if up else ASK
-                rec_depth[nr] = 0
-                rec_price[nr] = b if up else a
-                rec_size[nr] = side_sz[0]
-                rec_kind[nr] = KIND_IMPROVE
-                out_bid[nr] = bid
-                out_ask[nr] = ask
-                out_b[nr] = b
-                out_a[nr] = a
-                rec_p[nr] = p
-                nr += 1
+                nr = _book_record(book, nr, i, ADD, BID if up else ASK, 0, b if up else a, side_sz[0],
+                                  KIND_IMPROVE, bid, ask, b, a, p)
         else:
             # Noise flow: sizes only, never the best prices. Sides are tilted by the pressure.
             r = u[i, 1]
             kind = KIND_ADD if r < add_prob else (KIND_CANCEL if r < add_prob + cancel_prob else KIND_MARKET)
+            # The record's change; a cancel or market order that would empty a level becomes an add.
+            action, side, depth, price, size = ADD, BID, 0, b, 0
             if kind == KIND_CANCEL:
                 on_bid = u[i, 2] >= 0.5 + flow_tilt * tp  # pressure up: asks get pulled
                 side_sz = bid if on_bid else ask
@@ -478,11 +465,8 @@ def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
                     kind = KIND_ADD  # a 1-lot level cannot be cancelled without leaving a hole: add instead
                 else:
                     side_sz[lvl] -= csz
-                    rec_action[nr] = CAN
-                    rec_side[nr] = BID if on_bid else ASK
-                    rec_depth[nr] = lvl
-                    rec_price[nr] = (b - lvl) if on_bid else (a + lvl)
-                    rec_size[nr] = csz
+                    action, side, depth = CAN, BID if on_bid else ASK, lvl
+                    price, size = (b - lvl) if on_bid else (a + lvl), csz
             if kind == KIND_MARKET:
                 buy = u[i, 2] < 0.5 + flow_tilt * tp
                 side_sz = ask if buy else bid
@@ -491,17 +475,8 @@ def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
                     kind = KIND_ADD  # the touch is down to 1 lot: add instead
                 else:
                     side_sz[0] -= msz
-                    rec_action[nr] = CAN
-                    rec_side[nr] = ASK if buy else BID
-                    rec_depth[nr] = 0
-                    rec_price[nr] = a if buy else b
-                    rec_size[nr] = msz
-                    tr_event[nt] = i
-                    tr_px[nt] = a if buy else b
-                    tr_size[nt] = msz
-                    tr_side[nt] = BID if buy else ASK
-                    tr_depth[nt] = 0
-                    nt += 1
+                    action, side, depth, price, size = CAN, ASK if buy else BID, 0, a if buy else b, msz
+                    nt = _trade_record(trades, nt, i, price, msz, BID if buy else ASK, 0)
             if kind == KIND_ADD:
                 on_bid = u[i, 2] < 0.5 + flow_tilt * tp
                 x = u[i, 4]
@@ -515,19 +490,9 @@ def _simulate_day(  # noqa: PLR0913, PLR0915 - one flat kernel is the point
                     bid[lvl] += asz
                 else:
                     ask[lvl] += asz
-                rec_action[nr] = ADD
-                rec_side[nr] = BID if on_bid else ASK
-                rec_depth[nr] = lvl
-                rec_price[nr] = (b - lvl) if on_bid else (a + lvl)
-                rec_size[nr] = asz
-            rec_event[nr] = i
-            rec_kind[nr] = kind
-            out_bid[nr] = bid
-            out_ask[nr] = ask
-            out_b[nr] = b
-            out_a[nr] = a
-            rec_p[nr] = p
-            nr += 1
+                action, side, depth = ADD, BID if on_bid else ASK, lvl
+                price, size = (b - lvl) if on_bid else (a + lvl), asz
+            nr = _book_record(book, nr, i, action, side, depth, price, size, kind, bid, ask, b, a, p)
         rec_flags[nr - 1] = F_LAST
         if nt > first_tr:
             tr_flags[nt - 1] = F_LAST

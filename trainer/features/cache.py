@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import dataclasses
 import datetime as dt
-import errno
 import hashlib
 import json
 import os
@@ -37,6 +36,7 @@ from trainer.data.tape import Instrument
 from trainer.features.compute import FeatureSet, build_feature_set
 from trainer.features.config import FeatureConfig
 from trainer.features.decision import DecisionTape
+from trainer.fsutil import publish_directory, write_durably
 
 FEATURE_CODE_VERSION = 1
 """Bump whenever clock, DecisionTape builder or feature code changes what it computes: old entries then miss."""
@@ -73,7 +73,7 @@ def load_or_build(spec: str, cfg: FeatureConfig, cache_dir: Path, *,
     tmp = Path(tempfile.mkdtemp(prefix=f"{TMP_PREFIX}{key[:16]}-", dir=cache_dir))
     try:
         _write_entry(tmp, fs, _manifest(key, description, cfg, fs))
-        won = _publish(tmp, final)
+        won = publish_directory(tmp, final)  # False: another process published `final` first
     finally:
         if tmp.exists():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -123,43 +123,15 @@ def _arrays(fs: FeatureSet) -> dict[str, np.ndarray]:
     return out
 
 
-def _fsync_write(path: Path, write) -> None:
-    with open(path, "wb") as f:
-        write(f)
-        f.flush()
-        os.fsync(f.fileno())
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
 def _write_entry(tmp: Path, fs: FeatureSet, manifest: dict[str, Any]) -> None:
     files: dict[str, Any] = {}
     for name, arr in _arrays(fs).items():
         arr = np.ascontiguousarray(arr)
-        _fsync_write(tmp / name, lambda f, a=arr: np.save(f, a, allow_pickle=False))
+        write_durably(tmp / name, lambda f, a=arr: np.save(f, a, allow_pickle=False))
         files[name] = {"shape": list(arr.shape), "dtype": arr.dtype.str, "bytes": (tmp / name).stat().st_size}
     manifest = {**manifest, "arrays": files}
-    _fsync_write(tmp / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
+    write_durably(tmp / "manifest.json", lambda f: f.write(json.dumps(manifest, indent=1).encode()))
     os.chmod(tmp, 0o755)  # mkdtemp makes it 0700; pods under other uids read the shared PVC
-    _fsync_dir(tmp)
-
-
-def _publish(tmp: Path, final: Path) -> bool:
-    """Atomically move a complete entry into place; False if another process published `final` first."""
-    try:
-        os.rename(tmp, final)
-    except OSError as exc:
-        if exc.errno in (errno.EEXIST, errno.ENOTEMPTY) and final.is_dir():
-            return False
-        raise
-    _fsync_dir(final.parent)
-    return True
 
 
 # ---------------------------------------------------------------- reading and repair

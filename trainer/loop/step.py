@@ -1,7 +1,16 @@
 """The training step: sample a batch → act on all envs and store → one gradient step, over explicit state.
 
 Everything here stays on the device. The same `TrainStep.__call__` runs eagerly or is captured once as a CUDA
-graph and replayed (`GraphedStep`); host syncs happen only in `read_metrics`, at log intervals.
+graph and replayed (`GraphedStep`); host syncs happen only when the loop reads `StepMetrics`, at log intervals.
+
+`TrainStep.__call__` reads top to bottom; what each line calls, and where it lives:
+
+    1. sample    `_sample`: PrioritizedReplay.sample (agent/replay.py), `gather_windows` → Transitions with obs
+    2. act       `act_and_store`: `_act` (agent/act.py select_actions), Simulator.step (sim/), `_store`
+                 (NStepAccumulator.push, PrioritizedReplay.add)
+    3. update    Learner.backward (agent/learner.py, steps 1-4: target, loss, gradient), then Learner.apply
+                 (steps 5-8: clip, AdamW, Polyak, statistics)
+    4. priorities `_priorities`: PrioritizedReplay.update_priorities, `StepMetrics.add_update`
 
 Order within a step, and what runs concurrently in graph mode on CUDA (trainer/streams.py):
 
@@ -12,10 +21,11 @@ Order within a step, and what runs concurrently in graph mode on CUDA (trainer/s
 
 The batch is sampled before this step's transitions are added (they can be drawn from the next step on), so acting
 and storing depend on nothing the learner computes before AdamW changes the weights. The learner's chain of small
-kernels is the step's critical path (docs/BENCHMARKS.md v6 measures each part of this), so its streams have high
+kernels is the step's critical path (docs/BENCHMARKS.md, "Pieces of the step"), so its streams have high
 priority, and acting runs on a low-priority stream confined to `LoopConfig.act_sm_share` of the SMs (a CUDA green
 context) while it is the smaller of the two (`acting_sm_share`): given the whole device, acting's large kernels
-hold SMs that the learner's next kernel waits for (v9). Acting larger than the learner gets every SM.
+hold SMs that the learner's next kernel waits for ("Acting on part of the SMs"). Acting larger than the learner
+gets every SM.
 The values do not depend on the overlap (`LoopConfig.overlap`): the host issues the same calls, random draws
 included, in the same order either way. Eager steps run everything on one stream.
 """
@@ -24,12 +34,13 @@ from __future__ import annotations
 import functools
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import torch
 
 from trainer.agent.act import select_actions
-from trainer.agent.learner import Batch, Learner
-from trainer.agent.replay import NStepAccumulator, PrioritizedReplay
+from trainer.agent.learner import Learner
+from trainer.agent.replay import NStepAccumulator, PrioritizedReplay, Transitions
 from trainer.sim import Simulator
 from trainer.streams import HIGH_PRIORITY, LOW_PRIORITY, SideStream
 
@@ -53,31 +64,51 @@ def gather_windows(features: torch.Tensor, rows: torch.Tensor, window: int) -> t
     return features[rows[:, None] - offsets[None, :]]  # (B, W, F)
 
 
+UPDATE_METRICS = ("loss", "q_mean", "grad_norm", "lr", "clip", "tau")
+"""The learner's statistics (`Learner.apply`), summed once per gradient step."""
+METRICS = UPDATE_METRICS + ("reward",)
+"""Every slot of `StepMetrics.sums`, in order; "reward" is the mean over envs, summed once per env step."""
+SLOT = {name: i for i, name in enumerate(METRICS)}
+"""Slot of each metric in `StepMetrics.sums` (Python ints: indexing with them is fixed at capture, no host sync)."""
+
+
 @dataclass
 class StepMetrics:
     """Device-side running sums over the current log interval (read at log time only)."""
 
-    sums: torch.Tensor  # (len(NAMES),) float32
-    count: torch.Tensor  # () float32
+    sums: torch.Tensor  # (len(METRICS),) float32, slots named by SLOT
+    count: torch.Tensor  # () float32 gradient steps in the interval
 
-    NAMES = ("loss", "q_mean", "grad_norm", "lr", "clip", "tau", "reward")
+    NAMES = METRICS
 
     @classmethod
     def zeros(cls, device: torch.device) -> "StepMetrics":
-        return cls(torch.zeros(len(cls.NAMES), device=device), torch.zeros((), device=device))
+        return cls(torch.zeros(len(METRICS), device=device), torch.zeros((), device=device))
 
     def reset(self) -> None:
         self.sums.zero_()
         self.count.zero_()
 
+    def add_update(self, stats: dict[str, torch.Tensor]) -> None:
+        """One gradient step's statistics into their slots, the first len(UPDATE_METRICS) (one stack, one add)."""
+        self.sums[:len(UPDATE_METRICS)] += torch.stack([stats[k] for k in UPDATE_METRICS]).float()
+        self.count += 1
+
+    def add_reward(self, reward: torch.Tensor) -> None:
+        """One env step's rewards (n_envs,), as their mean."""
+        self.sums[SLOT["reward"]] += reward.mean()
+
+    def mean(self, name: str) -> torch.Tensor:
+        """sums / max(count, 1) of one metric, as the log line reports it; 0-dim on the device (no sync)."""
+        return self.sums[SLOT[name]] / self.count.clamp(min=1)
+
 
 ACT_CONFINED_MAX_WINDOWS_PER_ITEM = 4
 """Acting is confined to a share of the SMs only while its forward encodes at most this many windows per item of
 the learner's batch; the learner passes over each item four times (online forward at x, two forwards at x', the
-backward). On an H200 at the h100 preset (batch 256; docs/BENCHMARKS.md v9), acting on 64 of 132 SMs made the
-step faster at 256 and 1,024 windows (0.991 against 1.006 ms, 1.073 against 1.128) and slower at 2,569 (the row
-table at 4,096 and 16,384 envs: 2.39 against 2.16 ms, 2.25 against 1.72), where acting alone outlasts the
-learner's chain (1.1–1.4 against 0.93 ms) and is the step's critical path itself."""
+backward). Measured on an H200 at the h100 preset (batch 256; docs/BENCHMARKS.md, "Acting on part of the SMs"):
+confining acting made the step faster at 256 and 1,024 windows and slower at the 2,569-row table of 4,096 and
+16,384 envs, where acting alone outlasts the learner's chain and is the step's critical path itself."""
 
 
 def compile_options(compile: str, device: torch.device) -> dict[str, bool] | None:
@@ -92,6 +123,16 @@ def acting_sm_share(share: float, act_windows: int, batch_size: int) -> float:
     return share if act_windows <= ACT_CONFINED_MAX_WINDOWS_PER_ITEM * batch_size else 1.0
 
 
+class StepKernels(NamedTuple):
+    """The pieces of the step that `LoopConfig.compile` puts through torch.compile: the simulator's step with any
+    mode but 'none', the rest with 'all' or 'autotune'; eager bound methods otherwise."""
+    act: Callable[[], tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    sim_step: Callable
+    store: Callable[..., None]
+    sample: Callable[[], tuple[torch.Tensor, Transitions]]
+    priorities: Callable[[torch.Tensor, dict[str, torch.Tensor]], None]
+
+
 class TrainStep:
     """Closure over the fold's persistent state; `act_and_store()` before learning starts, `__call__()` after."""
 
@@ -103,19 +144,17 @@ class TrainStep:
         # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all' or
         # 'autotune' (the same pieces, GEMM kernels picked by timing: `compile_options`), the acting path, storing,
         # sampling and the learner's tensor-only pieces. Compiled on the first eager step, so a graph capture
-        # afterwards records the compiled kernels.
+        # afterwards records the compiled kernels. The methods stay as they are; `kernels` holds what runs.
         compiled = functools.partial(torch.compile, dynamic=False, options=compile_options(compile, features.device))
-        self.sim_step = compiled(sim.step) if compile != "none" else sim.step
+        self.kernels = StepKernels(self._act, sim.step, self._store, self._sample, self._priorities)
         if compile != "none":
             # Random draws (Thompson sampling) through ATen's generator, as eager makes them: the same seed gives
             # the same actions compiled or not (inductor's own RNG would draw other numbers).
             torch._inductor.config.fallback_random = True
+            self.kernels = self.kernels._replace(sim_step=compiled(sim.step))
         if compile in ("all", "autotune"):
-            # Instance attributes wrapping bound methods: state_dict and the checkpoint layout are unchanged.
-            self._act = compiled(self._act)
-            self._store = compiled(self._store)
-            self._sample = compiled(self._sample)
-            self._priorities = compiled(self._priorities)
+            self.kernels = StepKernels(*(fn if name == "sim_step" else compiled(fn)
+                                         for name, fn in zip(StepKernels._fields, self.kernels)))
             learner.compile(compiled)
         # Acting by row table: the encoder reads only the feature window, a function of the decision row, so when
         # the window has fewer usable rows than there are envs, encoding each row once and gathering by cursor
@@ -133,24 +172,39 @@ class TrainStep:
         self.metrics = StepMetrics.zeros(features.device)
         self.dir_counts = dir_counts  # (4,) float32 direction choices this interval (training entropy)
 
-    def act_and_store(self) -> None:
-        with _region("act"):
-            row, env_state, actions = self._act()
-        with _region("sim"):
-            out = self.sim_step(self.state, actions)
-        with _region("store"):
-            self._store(row, env_state, actions, out.reward, out.done, out.truncated)
+    def __call__(self) -> None:
+        """One training step (the module docstring says what overlaps what)."""
+        k = self.kernels
+        # 1. A prioritised batch with its observation windows, drawn before this step's transitions are added.
+        with _region("sample"):
+            idx, batch = k.sample()  # (B,) replay slots; Transitions with obs, next_obs (B, W, F) and weight
+        # 2. Act on every env, step the simulator, store: on the side stream, concurrent with 3 up to AdamW.
+        with self.side.fork():
+            self.act_and_store()
+        # 3. The update: loss and gradient (weights only read), wait for acting, then clip, AdamW, Polyak.
+        with _region("update"):
+            loss = self.learner.backward(batch)
+            self.side.join()
+            stats = self.learner.apply(loss)
+        # 4. New priorities for the sampled slots; the update's statistics into the interval sums.
+        with _region("priorities"):
+            k.priorities(idx, stats)
 
-    def _store(self, row: torch.Tensor, env_state: torch.Tensor, actions: torch.Tensor, reward: torch.Tensor,
-               done: torch.Tensor, truncated: torch.Tensor) -> None:
-        """n-step accumulate the step just taken and add the matured transitions to the replay."""
-        state = self.state
-        next_env_state = self.sim.env_features(state)
-        transitions, valid = self.nstep.push(row, env_state, actions, reward, done, state.cursor, next_env_state,
-                                             reset=truncated)
-        self.replay.add(transitions, valid)
-        self.dir_counts += torch.nn.functional.one_hot(actions[:, 0], 4).sum(0)
-        self.metrics.sums[6] += reward.mean()
+    def act_and_store(self) -> None:
+        """Step 2 alone (also the whole step before learning starts)."""
+        k = self.kernels
+        with _region("act"):
+            row, env_state, actions = k.act()
+        with _region("sim"):
+            out = k.sim_step(self.state, actions)
+        with _region("store"):
+            k.store(row, env_state, actions, out.reward, out.done, out.truncated)
+
+    def _sample(self) -> tuple[torch.Tensor, Transitions]:
+        """Replay slots (B,) and their transitions, with the observation windows gathered from the features."""
+        idx, batch = self.replay.sample(self.batch_size)
+        return idx, batch._replace(obs=gather_windows(self.features, batch.row, self.window),  # (B, W, F)
+                                   next_obs=gather_windows(self.features, batch.next_row, self.window))
 
     def _act(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The decision rows (n_envs,) observed now, the env state (n_envs, S) the agent sees, and the actions
@@ -169,32 +223,21 @@ class TrainStep:
             return row, env_state, select_actions(logits, net.support, net.action_mask, explore=True,
                                                   noise_scale=self.learner.thompson_scale())
 
-    def __call__(self) -> None:
-        """One training step (see the module docstring for the order and the overlap)."""
-        with _region("sample"):
-            idx, batch = self._sample()
-        with self.side.fork():
-            self.act_and_store()  # reads the online weights; AdamW below waits for it (join)
-        with _region("update"):
-            grads = self.learner.backward(batch)
-            self.side.join()
-            out = self.learner.apply(grads)
-        with _region("priorities"):
-            self._priorities(idx, out)
+    def _store(self, row: torch.Tensor, env_state: torch.Tensor, actions: torch.Tensor, reward: torch.Tensor,
+               done: torch.Tensor, truncated: torch.Tensor) -> None:
+        """n-step accumulate the step just taken and add the matured transitions to the replay."""
+        state = self.state
+        next_env_state = self.sim.env_features(state)
+        transitions, valid = self.nstep.push(row, env_state, actions, reward, done, state.cursor, next_env_state,
+                                             reset=truncated)
+        self.replay.add(transitions, valid)
+        self.dir_counts += torch.nn.functional.one_hot(actions[:, 0], 4).sum(0)
+        self.metrics.add_reward(reward)
 
-    def _sample(self) -> tuple[torch.Tensor, Batch]:
-        """A prioritised batch with its observation windows gathered: replay indices (B,) and the learner's Batch."""
-        idx, batch, weights = self.replay.sample(self.batch_size)
-        obs = gather_windows(self.features, batch.row, self.window)  # (B, W, F)
-        next_obs = gather_windows(self.features, batch.next_row, self.window)
-        return idx, Batch(obs, batch.env_state, batch.action.long(), batch.return_n, batch.discount_n, next_obs,
-                          batch.next_env_state, weights)
-
-    def _priorities(self, idx: torch.Tensor, out: dict[str, torch.Tensor]) -> None:
-        """New priorities for the sampled items; the update's statistics into the interval sums."""
-        self.replay.update_priorities(idx, out["priorities"])
-        self.metrics.sums[:6] += torch.stack([out[k] for k in StepMetrics.NAMES[:6]]).float()
-        self.metrics.count += 1
+    def _priorities(self, idx: torch.Tensor, stats: dict[str, torch.Tensor]) -> None:
+        """New priorities for the sampled slots; the update's statistics into the interval sums."""
+        self.replay.update_priorities(idx, stats["priorities"])
+        self.metrics.add_update(stats)
 
 
 def capture_graph(fn: Callable[[], object], device: torch.device) -> torch.cuda.CUDAGraph:

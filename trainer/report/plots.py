@@ -7,7 +7,6 @@ training.png   training curves per fold from RUN/fold<N>/metrics.jsonl `step` li
 from __future__ import annotations
 
 import json
-import os
 from pathlib import Path
 
 import matplotlib
@@ -15,6 +14,8 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402  (backend first)
 import numpy as np  # noqa: E402
+
+from trainer.fsutil import atomic_write  # noqa: E402
 
 TRAINING_CURVES = ("loss", "q_mean", "win_rate", "dir_entropy")
 
@@ -42,10 +43,10 @@ def training_curves(metrics_path: Path) -> dict[str, np.ndarray]:
 
 
 def _save(fig, path: Path) -> None:
-    tmp = path.with_name(f".{path.stem}.tmp-{os.getpid()}{path.suffix}")
-    fig.savefig(tmp, dpi=110, bbox_inches="tight")
-    plt.close(fig)
-    os.replace(tmp, path)
+    try:
+        atomic_write(path, lambda f: fig.savefig(f, format=path.suffix[1:], dpi=110, bbox_inches="tight"))
+    finally:
+        plt.close(fig)
 
 
 def plot_equity(run_dir: Path, folds: list[int], path: Path) -> bool:
