@@ -83,3 +83,44 @@ def test_padded_actions_are_never_chosen_even_when_they_look_best(explore):
     assert actions[:, 1:].max() <= 2
     if explore:  # identical real distributions: every real action gets picked
         assert set(actions[:, 1].tolist()) == {0, 1, 2}
+
+
+def test_thompson_scale_anneals_linearly_on_the_device_and_is_a_plain_float_without_an_anneal():
+    from trainer.agent.act import thompson_scale_at
+
+    assert thompson_scale_at(torch.tensor(7), 1.0, 1.0, 0) == 1.0  # no anneal: the Python float, no kernel
+    assert thompson_scale_at(torch.tensor(7), 0.3, 0.1, 0) == 0.3
+    # start 1.0 → final 0.2 over 100 updates: 1 − 0.8·t/100, then 0.2.
+    got = [float(thompson_scale_at(torch.tensor(t), 1.0, 0.2, 100)) for t in (0, 25, 50, 100, 400)]
+    assert got == pytest.approx([1.0, 0.8, 0.6, 0.2, 0.2])
+
+
+def test_shrunk_thompson_draws_prefer_the_higher_mean_over_a_wider_distribution():
+    # Support (-2, -1, 0, 1, 2). SHORT: a spike at +1 (mean 1.0). LONG: half at -2, half at +2 (mean 0), so a plain
+    # draw beats SHORT's +1 whenever it lands on +2: P(LONG) = 0.5 exactly (HOLD/FLAT sit at -2, never chosen).
+    # Shrunk by κ = 0.2 a LONG draw scores 0 + 0.2·(±2) = ±0.4 < 1, SHORT's score stays 1 (its draw is its mean,
+    # up to the tie jitter < Δz/2 · κ): SHORT always. κ = 0 is the greedy choice.
+    torch.manual_seed(1)
+    support = make_support(-2.0, 2.0, 5)
+    probs = [[0, 0, 0, 1, 0], [1, 0, 0, 0, 0], [0.5, 0, 0, 0, 0.5], [1, 0, 0, 0, 0]]
+    n = 20_000
+    logits = torch.tensor(probs, dtype=torch.float32).clamp_min(1e-12).log().expand(n, 1, 4, 5)
+    mask = torch.ones(1, 4, dtype=torch.bool)
+    plain = select_actions(logits, support, mask, explore=True)[:, 0]
+    assert abs(float((plain == 2).float().mean()) - 0.5) < 0.02
+    assert set(plain.unique().tolist()) == {0, 2}
+    shrunk = select_actions(logits, support, mask, explore=True, noise_scale=0.2)[:, 0]
+    assert bool((shrunk == 0).all())
+    greedy = select_actions(logits, support, mask, explore=True, noise_scale=0.0)[:, 0]
+    assert torch.equal(greedy, select_actions(logits, support, mask, explore=False)[:, 0])
+
+
+def test_thompson_scale_one_draws_exactly_the_plain_thompson_actions():
+    support = make_support(-1.0, 1.0, 11)
+    logits = torch.randn(64, 4, 4, 11, generator=torch.Generator().manual_seed(3))
+    mask = torch.ones(4, 4, dtype=torch.bool)
+    torch.manual_seed(5)
+    a = select_actions(logits, support, mask, explore=True)
+    torch.manual_seed(5)
+    b = select_actions(logits, support, mask, explore=True, noise_scale=1.0)
+    assert torch.equal(a, b)

@@ -1,0 +1,94 @@
+"""Model selection on the held-out slice: the split, the best-weights bookkeeping, standing aside, resume."""
+from __future__ import annotations
+
+import pytest
+import torch
+
+from tests.test_sim_fills import make_tape
+from trainer.agent.config import AgentConfig
+from trainer.agent.learner import Learner
+from trainer.agent.network import QNetwork
+from trainer.loop.select import Selector, split_validation
+from trainer.sim import ENV_FEATURES, LONG, SHORT, SimConfig
+
+
+def test_split_validation_holds_out_the_windows_last_rows_with_room_for_an_observation_window():
+    assert split_validation(100, 300, 0.0, 16) == (300, 300)  # off: train on everything
+    assert split_validation(100, 300, 0.2, 16) == (260, 260)  # 40 of 200 rows held out
+    assert split_validation(0, 100, 0.05, 16) == (82, 82)  # 5 rows < W + 2 = 18: at least 18 held out
+    with pytest.raises(ValueError, match="select_frac=0.5"):
+        split_validation(0, 30, 0.5, 16)  # 18 held out would leave 12 < 18 to train on
+
+
+def rising_tape(n: int = 40):
+    """Best bid 100, 102, 104, ... and ask one tick above: a market LONG gains ~2 ticks a row, a SHORT loses them."""
+    rows = [dict(bids=[(100 + 2 * t, 50), (99 + 2 * t, 50), (98 + 2 * t, 50)],
+                 asks=[(101 + 2 * t, 50), (102 + 2 * t, 50), (103 + 2 * t, 50)]) for t in range(n)]
+    return make_tape(rows)
+
+
+def fixed_direction(learner: Learner, direction: int) -> None:
+    """Weights whose greedy direction is `direction` everywhere: the direction branch's advantage output puts that
+    action's mass on the top atom (every other output 0, so the other branches tie and argmax takes index 0:
+    magnitude 1/3, MARKET)."""
+    last = learner.online.advantages[0][-1]
+    n_atoms = learner.online.support.shape[0]
+    with torch.no_grad():
+        for p in learner.online.parameters():
+            p.zero_()
+        last.bias.view(-1, n_atoms)[direction, -1] = 20.0
+
+
+@pytest.fixture
+def selector():
+    torch.manual_seed(0)
+    cfg = AgentConfig(n_features=2, env_state_dim=ENV_FEATURES, window=4, encoder="gru", d_model=8, head_hidden=8,
+                      n_atoms=5, v_min=-2.0, v_max=2.0, n_layers=1, batch_size=4)
+    learner = Learner(QNetwork(cfg), cfg, "cpu")
+    tape = rising_tape()
+    features = torch.zeros(len(tape), 2)
+    sim_cfg = SimConfig(n_envs=1, max_position=3, maker_fee=0.5, taker_fee=1.0)
+    return Selector(learner, features, tape, sim_cfg, window=4, val_start=0, val_stop=len(tape), n_envs=3,
+                    min_net=0.0)
+
+
+def test_selector_keeps_the_best_validated_weights_and_deploys_them(selector):
+    learner = selector.learner
+    fixed_direction(learner, SHORT)
+    short = selector.validate(env_step=10)
+    fixed_direction(learner, LONG)
+    long_weights = [p.detach().clone() for p in learner.params]
+    long = selector.validate(env_step=20)
+    fixed_direction(learner, SHORT)
+    again = selector.validate(env_step=30)
+    assert short["val_net_pnl"] < 0 < long["val_net_pnl"] and short["val_trades"] == long["val_trades"] == 3
+    assert short["improved"] and long["improved"] and not again["improved"]
+    assert again["val_best_net_pnl"] == long["val_net_pnl"]
+    s = selector.summary()
+    assert (s["select_best_step"], s["select_validations"], s["stood_aside"]) == (20, 3, False)
+    assert s["select_last_net_pnl"] == short["val_net_pnl"]
+    selector.load_best()
+    assert all(torch.equal(p, q) for p, q in zip(learner.params, long_weights))
+
+
+def test_selector_stands_aside_when_no_validated_network_nets_more_than_the_floor(selector):
+    assert selector.stands_aside  # nothing validated yet
+    fixed_direction(selector.learner, SHORT)
+    selector.validate(env_step=10)
+    assert selector.stands_aside and selector.summary()["stood_aside"]
+    fixed_direction(selector.learner, LONG)
+    net = selector.validate(env_step=20)["val_net_pnl"]
+    assert not selector.stands_aside
+    selector.min_net = net  # the floor is strict: netting exactly the floor is not enough
+    assert selector.stands_aside
+
+
+def test_selector_state_round_trips_so_a_resumed_fold_selects_as_an_uninterrupted_one(selector):
+    fixed_direction(selector.learner, LONG)
+    selector.validate(env_step=20)
+    state = {k: v.clone() for k, v in selector.state_dict().items()}
+    fixed_direction(selector.learner, SHORT)
+    selector.validate(env_step=30)
+    selector.load_state_dict(state)  # as a restart from the checkpoint written after step 20
+    assert selector.last_step == 20 and selector.summary()["select_validations"] == 1
+    assert not selector.validate(env_step=30)["improved"]  # SHORT weights still lose to the restored best
