@@ -201,7 +201,7 @@ def test_warm_start_loads_previous_final_checkpoint_with_replay_cleared(tmp_path
     from trainer.loop.fold import FoldTrainer, Window
     from trainer.loop.log import JsonLog
     from trainer.sim.synthetic import random_decision_tape
-    from trainer.train import FileCheckpointer, fingerprint, tensor_layout
+    from trainer.checkpoint.resume import FileCheckpointer, fingerprint, tensor_layout
 
     cfg = _train_cfg()
     tape = random_decision_tape(400, seed=4)
