@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from trainer.settings import PRESET_NAMES
 from workflows import template as T
 from workflows.submit import build_workflow
 
@@ -150,8 +151,10 @@ def test_dag_wires_features_then_one_train_task_per_fold_then_report():
 def test_parameters_and_defaults_match_the_issue():
     params = {p["name"]: p.get("value") for p in T.render()["spec"]["arguments"]["parameters"]}
     assert params["git-sha"] is None  # required
-    assert params["folds"] == "3" and params["n-steps"] == "25000" and params["n-backtests"] == "1024"
-    assert params["per-capacity"] == "65536" and params["gpu-pool"] == "ci-training-h100"
+    assert params["folds"] == "3" and params["gpu-pool"] == "ci-training-h100"
+    # sizes and seed are the preset's ("" is dropped by workflows.launch), not copies of its values
+    assert params["n-steps"] == params["n-backtests"] == params["per-capacity"] == params["seed"] == ""
+    assert params["preset"] in PRESET_NAMES
     assert {"image", "pool-label-key", "data", "pvc", "fold-mode"} <= set(params)
 
 
