@@ -2,8 +2,8 @@
 
 Process contract (DESIGN.md): started again with the same arguments it resumes from the newest valid checkpoint in
 RUN/fold<N>/; if result.json exists it does nothing and exits 0. Exit codes: 0 done, 2 bad usage/config/data,
-3 kill criterion, 143 stopped by SIGTERM/SIGINT after a checkpoint, 75 CUDA out of memory (no checkpoint of the
-broken state; retried); anything else is retried by the workflow too. The flags: trainer/cli.py (`--help`).
+3 kill criterion, 143 stopped by SIGTERM/SIGINT after a checkpoint, 75 CUDA out of memory (retried, like anything
+else). Flags: trainer/cli.py.
 """
 from __future__ import annotations
 
@@ -13,7 +13,6 @@ import platform
 import sys
 import time
 
-import numpy as np
 import torch
 
 from trainer.checkpoint.resume import FileCheckpointer, fingerprint, open_mirror, restore, tensor_layout
@@ -22,9 +21,8 @@ from trainer.errors import EXIT_BAD_INPUT, EXIT_CUDA_OOM, EXIT_OK, EXIT_SIGTERM,
 from trainer.features.cache import load_or_build
 from trainer.features.compute import Normaliser
 from trainer.folds.chain import wait_for_previous, warm_start
-from trainer.folds.result import evaluate_fold, write_run_json
+from trainer.folds.result import evaluate_fold, write_result, write_run_json
 from trainer.folds.windows import fold_windows, walk_forward_windows
-from trainer.fsutil import atomic_write_text
 from trainer.loop.config import fingerprint_config
 from trainer.loop.fold import FoldTrainer, Stopped, Window
 from trainer.loop.log import JsonLog
@@ -80,10 +78,7 @@ def run(inv: Invocation) -> int:
         if mirror is not None:
             mirror.close(timeout=60)
 
-        result, equity = evaluate_fold(trainer, fs, cfg, train_w, eval_w, ckpt.seconds)
-        record = result.to_json()
-        np.save(fold_dir / "equity.npy", equity)  # continuous-pass equity curve for the report
-        atomic_write_text(fold_dir / "result.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+        record = write_result(fold_dir, *evaluate_fold(trainer, fs, cfg, train_w, eval_w, ckpt.seconds))
         log.event("result", **{k: v for k, v in record.items() if not isinstance(v, (list, dict))})
     return EXIT_OK
 

@@ -25,7 +25,7 @@ from trainer.fsutil import atomic_write_text
 from trainer.loop.config import TrainConfig
 from trainer.loop.fold import FoldTrainer, direction_entropy
 
-__all__ = ["FoldResult", "evaluate_fold", "write_run_json"]
+__all__ = ["FoldResult", "evaluate_fold", "write_result", "write_run_json"]
 
 
 @dataclass(frozen=True)
@@ -98,6 +98,15 @@ def evaluate_fold(trainer: FoldTrainer, fs: FeatureSet, cfg: TrainConfig, train_
         wall_seconds=round(trainer.wall_seconds, 3), checkpoint_seconds=round(checkpoint_seconds, 3),
         fold_mode=cfg.folds.fold_mode, baselines=baselines)
     return result, res.equity
+
+
+def write_result(fold_dir: Path, result: FoldResult, equity: np.ndarray) -> dict[str, Any]:
+    """RUN/fold<N>/equity.npy (the continuous-pass equity curve, for the report), then result.json, atomically:
+    its presence marks the fold done. Returns result.json's content."""
+    record = result.to_json()
+    np.save(fold_dir / "equity.npy", equity)
+    atomic_write_text(fold_dir / "result.json", json.dumps(record, indent=2, sort_keys=True) + "\n")
+    return record
 
 
 def write_run_json(run_dir: Path, cfg: TrainConfig, fs: FeatureSet, trainer: FoldTrainer) -> dict:
