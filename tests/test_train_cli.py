@@ -10,6 +10,7 @@ import pytest
 
 from trainer.checkpoint.resume import fingerprint
 from trainer.cli import ALIASES, parse
+from trainer.data.spec import describe_spec
 from trainer.loop.config import SECTIONS, TrainConfig, fingerprint_config, preset
 from trainer.settings import PRESET_NAMES
 from trainer.train import main
@@ -192,6 +193,13 @@ def test_cross_section_checks_accept_the_edge_cases():
     assert _cfg("--preset", "h100", "--compile", "autotune").loop.compile == "autotune"
     assert _cfg("--per-capacity", "64", "--batch-size", "256").agent.batch_size == 256
     assert _cfg("--preset", "h100", "--mode", "graph").loop.mode == "graph"
+
+
+def test_dbn_data_dirs_become_the_data_spec_the_reader_loads(shared_data):
+    """--mbp10-data-dir/--trades-data-dir (the seed system's flags) on the real DBN sample in ../shared/data."""
+    d = shared_data / "dbn"
+    cfg = _cfg("--mbp10-data-dir", str(d / "test_data.mbp-10.dbn"), "--trades-data-dir", str(d / "test_data.trades.dbn"))
+    assert cfg.data.startswith("dbn:mbp10=") and describe_spec(cfg.data)["kind"] == "dbn"
 
 
 def test_data_dirs_make_the_data_spec_and_exclude_data(tmp_path):
