@@ -106,3 +106,10 @@ def test_pieces_update_the_learner_once_per_call_of_a_piece_that_learns(monkeypa
     monkeypatch.setattr(bench, "_bench_trainer", spy)
     time_pieces(16, 3, "cpu", "smoke", window_rows=400)
     assert int(seen["learner"].update_step) - seen["before"] == 3 * (2 + 3)
+
+
+def test_env_count_defaults_to_the_presets(capsys) -> None:
+    """Without --n-envs the benchmark steps as many envs as the preset trains with (smoke: 64), not a copy of its own."""
+    for name, want in (("smoke", 64), ("h100", 1024)):
+        assert main(["--sim-only", "--steps", "2", "--device", "cpu", "--preset", name, "--json"]) == 0
+        assert json.loads(capsys.readouterr().out.splitlines()[-1])["n_envs"] == want

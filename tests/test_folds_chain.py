@@ -4,6 +4,8 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
+import shutil
 import subprocess
 import sys
 
@@ -187,6 +189,33 @@ def test_train_cli_chain_without_previous_fold_exits_2(tmp_path):
     assert "fold 0 has not finished" in proc.stderr and len(proc.stderr.strip().splitlines()) == 1
 
 
+@pytest.mark.slow
+def test_chain_through_the_trainer_warm_starts_fold_1_and_refuses_other_fold_geometry(tmp_path):
+    """`--fold-mode chain` end to end: fold 1 warm-starts from fold 0's final checkpoint (the fold index is not
+    part of the fingerprint), but not when fold 1 is started with another --embargo-rows than fold 0 was."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "ALPHA_RL_DATA_DIR": str(tmp_path / "data")}
+
+    def train(run_dir, fold: int, *extra: str) -> subprocess.CompletedProcess:
+        cmd = [sys.executable, "-m", "trainer.train", "--run-dir", str(run_dir), "--fold", str(fold), "--folds", "2",
+               "--fold-mode", "chain", "--data", "synthetic:seed=3,days=2,signal=2", "--fxcache",
+               str(tmp_path / "fxcache"), "--n-envs", "16", "--batch-size", "32", "--per-capacity", "2048",
+               "--n-steps", "40", "--checkpoint-every", "20", "--log-every", "20", *extra]
+        return subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
+
+    run_dir = tmp_path / "runs" / "abc"
+    assert train(run_dir, 0).returncode == 0
+    other = tmp_path / "runs" / "other"
+    shutil.copytree(run_dir / "fold0", other / "fold0")
+    warm = train(run_dir, 1)
+    assert warm.returncode == 0, warm.stderr[-2000:]
+    events = [json.loads(line) for line in warm.stdout.splitlines()]
+    (start,) = [e for e in events if e["event"] == "chain_warm_start"]
+    assert start["from"] == str(run_dir / "fold0") and start["replay_size"] == 0
+    refused = train(other, 1, "--embargo-rows", "5")
+    assert refused.returncode == 2
+    assert "different config" in refused.stderr and "config.folds.embargo_rows" in refused.stderr
+
+
 # ---------------------------------------------------------------- trainer level: checkpoint → warm start
 
 
@@ -205,7 +234,7 @@ def test_warm_start_loads_previous_final_checkpoint_with_replay_cleared(tmp_path
     from trainer.loop.fold import FoldTrainer, Window
     from trainer.loop.log import JsonLog
     from trainer.sim.synthetic import random_decision_tape
-    from trainer.train import FileCheckpointer, fingerprint, tensor_layout
+    from trainer.checkpoint.resume import FileCheckpointer, fingerprint, tensor_layout
 
     cfg = _train_cfg()
     tape = random_decision_tape(400, seed=4)

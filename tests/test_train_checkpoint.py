@@ -29,6 +29,7 @@ import numpy as np
 import pytest
 import torch
 
+from tests.hooks.alpha_rl_test_hooks import CUDA_OOM_AT_UPDATE, HOOKS_DIR, OOM_AT_STEP
 from tests.s3server import BUCKET, seaweed_s3, s3_env  # noqa: F401  (pytest finds fixtures by name)
 from trainer.checkpoint.format import read_checkpoint
 from trainer.checkpoint.store import list_checkpoints
@@ -59,9 +60,14 @@ def train_cmd(run_dir: Path, fxcache: Path, *extra: str, attempt: int = 0) -> li
 
 
 def trainer_env(**extra: str) -> dict[str, str]:
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
-    env.pop("ALPHA_RL_TEST_HOOKS", None)
+    env = {k: v for k, v in os.environ.items() if not k.startswith("ALPHA_RL_TEST_")}
+    env = {**env, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "PYTHONUNBUFFERED": "1"}
     return {**env, **extra}
+
+
+def hooked_env(**faults: str) -> dict[str, str]:
+    """trainer_env with the test-only fault hooks (tests/hooks) armed by `faults` (their variables)."""
+    return trainer_env(PYTHONPATH=str(HOOKS_DIR), **faults)
 
 
 @dataclass
@@ -294,8 +300,8 @@ def test_oom_kill_in_memory_cgroup_then_same_command_resumes_identically(workdir
     # The trainer peaks near 0.5 GB here; 1 GiB leaves room for a normal run and makes the hook's 64 MiB
     # allocations hit the limit within a second.
     limit = 1 << 30
-    cmd = train_cmd(run_dir, fxcache, "--test-oom-at-step", "30")
-    env = trainer_env(ALPHA_RL_TEST_HOOKS="1")
+    cmd = train_cmd(run_dir, fxcache)
+    env = hooked_env(**{OOM_AT_STEP: "30"})
     with MemoryCgroup(limit, tag="oom-test") as group:
         assert group.oom_kills() == 0
         killed = run_trainer(group.wrap(cmd), env=env)
@@ -304,9 +310,9 @@ def test_oom_kill_in_memory_cgroup_then_same_command_resumes_identically(workdir
     assert oom_kills >= 1, "the kernel's oom_kill counter did not move: the kill was not an OOM kill"
     assert killed.one("test_oom_hook")["env_step"] == 40  # the first checkpoint at or after step 30
     assert newest_checkpoint(run_dir)[0] == 40
-    # The workflow retries with the very same command (hook flag included): the hook must not fire again.
+    # The workflow retries with the very same environment (hook armed), as attempt 1: it must not fire again.
     with MemoryCgroup(limit, tag="oom-retry") as group:
-        done = run_trainer(group.wrap(train_cmd(run_dir, fxcache, "--test-oom-at-step", "30", attempt=1)), env=env)
+        done = run_trainer(group.wrap(train_cmd(run_dir, fxcache, attempt=1)), env=env)
         assert group.oom_kills() == 0
     assert done.rc == 0, done.stderr
     assert done.named("test_oom_hook") == []
@@ -314,12 +320,45 @@ def test_oom_kill_in_memory_cgroup_then_same_command_resumes_identically(workdir
     assert_same_outcome(run_dir, baseline_dir)
 
 
-def test_oom_hook_without_test_hooks_env_is_refused_with_exit_2(workdir, fxcache):
-    bad = run_trainer(train_cmd(workdir / "oom-no-env", fxcache, "--test-oom-at-step", "30"))
-    assert bad.rc == 2
-    assert bad.stderr.strip().splitlines()[-1] == ("error: --test-oom-at-step needs ALPHA_RL_TEST_HOOKS=1 "
-                                                   "(test-only allocation hook)")
-    assert not (workdir / "oom-no-env").exists()
+def test_production_trainer_has_no_fault_hook_flag_or_code(workdir, fxcache):
+    """The OOM test hook lives in tests/hooks only: the trainer refuses the old flag as a usage error (exit 2,
+    nothing written), and no module under trainer/ or workflows/ names the hooks or their variables."""
+    bad = run_trainer(train_cmd(workdir / "oom-flag", fxcache, "--test-oom-at-step", "30"))
+    assert bad.rc == 2 and "--test-oom-at-step" in bad.stderr
+    assert not (workdir / "oom-flag").exists()
+    named = [str(p.relative_to(ROOT)) for d in ("trainer", "workflows") for p in (ROOT / d).rglob("*.py")
+             if "ALPHA_RL_TEST_" in p.read_text() or "alpha_rl_test_hooks" in p.read_text()]
+    assert named == []
+
+
+# ──────────────────────────────────────────────────────────────────────── 2b. CUDA out of memory (an exception)
+
+
+CUDA_OOM_UPDATE = 15
+"""Learning starts at env step 32 (smoke preset), so the 15th gradient step runs at env step 46: between the
+checkpoints at 40 and 60."""
+
+
+def test_cuda_oom_exits_retryable_without_checkpointing_the_broken_state_and_resume_matches(workdir, fxcache,
+                                                                                           baseline):
+    """torch.cuda.OutOfMemoryError raised inside a real training step (test hook; this runs on the CPU) ends the
+    process with one `cuda_oom` JSON line and exit 75, which the workflow retries; no checkpoint is written from
+    the interrupted step's state, and the retry resumes from the last periodic checkpoint to the uninterrupted
+    result."""
+    baseline_dir, _ = baseline
+    run_dir = workdir / "cuda-oom"
+    env = hooked_env(**{CUDA_OOM_AT_UPDATE: str(CUDA_OOM_UPDATE)})
+    failed = run_trainer(train_cmd(run_dir, fxcache), env=env)
+    assert failed.rc == 75, failed.stderr
+    oom = failed.one("cuda_oom")
+    assert oom["fold"] == 0 and oom["exit_code"] == 75 and "CUDA out of memory" in oom["detail"]
+    assert [e["env_step"] for e in failed.named("checkpoint")] == [20, 40]
+    assert [step for step, _ in list_checkpoints(fold_dir(run_dir))] == [20, 40]  # nothing from step 46
+    assert failed.named("result") == [] and not (fold_dir(run_dir) / "result.json").exists()
+    done = run_trainer(train_cmd(run_dir, fxcache, attempt=1), env=env)  # the retry: same environment
+    assert done.rc == 0, done.stderr
+    assert_resumed_from(done, (40, fold_dir(run_dir) / "checkpoint-000000000040.bin"), 1)
+    assert_same_outcome(run_dir, baseline_dir)
 
 
 # ──────────────────────────────────────────────────────────────────────── 3. SIGTERM / SIGINT
@@ -410,24 +449,23 @@ def test_resume_from_an_older_checkpoint_replaces_newer_ones_and_ends_identical(
 
 def _fold_trainer_for(run_dir: Path, fxcache: Path):
     """The trainer `python -m trainer.train` builds for train_cmd's arguments, built in this process."""
-    import dataclasses
-
-    from trainer import train
+    from trainer.checkpoint.resume import fingerprint, tensor_layout
+    from trainer.cli import parse
     from trainer.features.cache import load_or_build
     from trainer.features.compute import Normaliser
     from trainer.folds.windows import fold_windows, walk_forward_windows
+    from trainer.loop.config import fingerprint_config
     from trainer.loop.fold import FoldTrainer, Window
     from trainer.loop.log import JsonLog
 
-    args = train.build_parser().parse_args(train_cmd(run_dir, fxcache)[3:])
-    cfg = train.config_from_args(args)
+    cfg = parse(train_cmd(run_dir, fxcache)[3:]).config
     fs, skipped = load_or_build(cfg.data, cfg.features, fxcache)
     assert skipped  # the baseline built the cache
-    train_w, _ = fold_windows(walk_forward_windows(fs.raw.shape[0], args.folds), 0)
+    train_w, _ = fold_windows(walk_forward_windows(fs.raw.shape[0], cfg.folds.folds), 0)
     features = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw)
     quiet = JsonLog(0, out=io.StringIO(), err=io.StringIO())
     trainer = FoldTrainer(cfg, features, fs.decision, Window(train_w.start, train_w.stop), 0, quiet)
-    fp = train.fingerprint(dataclasses.asdict(cfg), fs.key, train.tensor_layout(trainer.state_dict()))
+    fp = fingerprint(fingerprint_config(cfg.to_dict()), fs.key, tensor_layout(trainer.state_dict()))
     return trainer, fp
 
 
@@ -447,7 +485,7 @@ def test_restore_skips_newest_checkpoint_damaged_at_many_offsets(tmp_path, workd
 
 
 def _check_many_offsets(tmp_path: Path, workdir: Path, fxcache: Path, interrupted: Path) -> None:
-    from trainer import train
+    from trainer.checkpoint.resume import restore
     from trainer.loop.log import JsonLog
 
     trainer, fp = _fold_trainer_for(workdir / "unused", fxcache)
@@ -470,7 +508,7 @@ def _check_many_offsets(tmp_path: Path, workdir: Path, fxcache: Path, interrupte
         else:
             _truncate(damaged, where)
         out = io.StringIO()
-        resumed = train.restore(trainer, case_dir, fp, None, JsonLog(0, out=out, err=io.StringIO()))
+        resumed = restore(trainer, case_dir, fp, None, JsonLog(0, out=out, err=io.StringIO()))
         events = [json.loads(line) for line in out.getvalue().splitlines()]
         assert [(e["event"], e["path"]) for e in events] == [("checkpoint_skipped", str(damaged))], (kind, where)
         assert resumed["path"] == str(case_dir / prev.name) and resumed["env_step"] == prev_step, (kind, where)
@@ -485,7 +523,16 @@ def _check_many_offsets(tmp_path: Path, workdir: Path, fxcache: Path, interrupte
 @pytest.mark.parametrize("change, fields", [
     (("--n-envs", "8"), ["sim.n_envs"]),
     (("--encoder", "mamba"), ["agent.encoder"]),
-], ids=["n-envs", "encoder"])
+    # fold geometry, evaluation and chain settings change the fold's result: part of the fingerprint too
+    (("--folds", "4"), ["folds.folds"]),
+    (("--embargo-rows", "7"), ["folds.embargo_rows"]),
+    (("--fold-mode", "chain"), ["folds.fold_mode"]),
+    (("--eval.n-envs", "8"), ["eval.n_envs"]),
+    (("--eval.bar-seconds", "60"), ["eval.bar_seconds"]),
+    (("--eval.day-offset-hours", "-2"), ["eval.day_offset_hours"]),
+    (("--chain.shrink-alpha", "0.5"), ["chain.shrink_alpha"]),
+], ids=["n-envs", "encoder", "folds", "embargo-rows", "fold-mode", "eval-n-envs", "eval-bar-seconds",
+        "eval-day-offset", "chain-shrink-alpha"])
 def test_mismatching_config_on_same_run_dir_is_refused_with_exit_2_naming_fields(change, fields, workdir, fxcache,
                                                                                 baseline):
     baseline_dir, _ = baseline
@@ -511,6 +558,15 @@ def test_mismatching_config_on_same_run_dir_is_refused_with_exit_2_naming_fields
     after = {p.name: p.read_bytes() for p in fold_dir(run_dir).iterdir() if p.name != "metrics.jsonl"}
     assert after == before  # nothing written, nothing deleted
     assert refused.named("checkpoint") == [] and refused.named("result") == []
+
+
+def test_run_json_records_fold_geometry_eval_and_chain_settings(baseline):
+    """run.json (one per run, shared by its folds) holds every section of the resolved config but the fold index."""
+    baseline_dir, _ = baseline
+    config = json.loads((baseline_dir / "run.json").read_text())["config"]
+    assert config["folds"] == {"folds": 3, "embargo_rows": 0, "fold_mode": "independent", "chain_wait_seconds": 0.0}
+    assert config["eval"]["n_envs"] == 64 and config["eval"]["bar_seconds"] == 300  # the smoke preset's
+    assert config["chain"]["shrink_alpha"] == 0.8 and config["sim"]["n_envs"] == 16
 
 
 # ──────────────────────────────────────────────────────────────────────── 6. S3: restore from the mirror

@@ -1,15 +1,25 @@
-"""trainer.train's flags land in the config they name (the rest stays the preset's)."""
+"""trainer.train's command line (trainer/cli.py): every config field is a dotted flag, the earlier flags still work,
+the preset gives the defaults and explicit flags win, and values a config refuses are refused naming the field."""
 from __future__ import annotations
+
+import dataclasses
+import re
+import typing
 
 import pytest
 
-from trainer import train
-from trainer.loop.config import preset
+from trainer.checkpoint.resume import fingerprint
+from trainer.cli import ALIASES, parse
+from trainer.data.spec import describe_spec
+from trainer.loop.config import SECTIONS, TrainConfig, fingerprint_config, preset
+from trainer.settings import PRESET_NAMES
+from trainer.train import main
+
+BASE = ["--run-dir", "/tmp/x", "--fold", "0", "--folds", "3"]
 
 
-def _cfg(*extra: str):
-    args = train.build_parser().parse_args(["--run-dir", "/tmp/x", "--fold", "0", "--folds", "3", *extra])
-    return train.config_from_args(args)
+def _cfg(*extra: str) -> TrainConfig:
+    return parse([*BASE, *extra]).config
 
 
 def test_flags_override_their_config_fields_and_leave_the_preset_alone():
@@ -25,25 +35,178 @@ def test_flags_override_their_config_fields_and_leave_the_preset_alone():
 def test_defaults_are_the_preset():
     cfg = _cfg("--preset", "smoke")
     assert cfg.sim.inventory_penalty == 0.0 and cfg.loop.compile == "none"
-    assert cfg.sim == preset("smoke").sim
+    assert dataclasses.replace(cfg, folds=preset("smoke").folds) == preset("smoke")
 
 
-@pytest.mark.parametrize("bad", [["--compile", "everything"], ["--inventory-penalty", "x"]])
+# A valid value other than the default, per field type; fields whose type cannot say which values are valid
+# are listed by name.
+NAMED_VALUES = {
+    ("features", "clock"): ["time"], ("sim", "on_expiry"): ["market"], ("agent", "encoder"): ["gru"],
+    ("agent", "scan"): ["parallel"], ("loop", "device"): ["cpu"], ("sim", "magnitudes"): ["0.25", "0.5", "1.0"],
+}
+
+
+def _other_value(section: str, name: str, default: object, annotation: object) -> tuple[list[str], object]:
+    """(command-line words, parsed value) of a valid value different from `default`."""
+    if (section, name) in NAMED_VALUES:
+        words = NAMED_VALUES[section, name]
+        value = tuple(float(w) for w in words) if len(words) > 1 else words[0]
+        return words, value
+    choices = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
+    if choices:
+        other = next(c for c in choices if c != default)
+        return [other], other
+    if isinstance(default, tuple):
+        value = (*default[:-1], default[-1] + 1)  # distinct ints stay distinct
+        return [str(v) for v in value], value
+    if isinstance(default, float):
+        value = default / 2 if default else 0.5
+        return [repr(value)], value
+    if isinstance(default, int):
+        return [str(default + 1)], default + 1
+    if default is None:  # the optional floats (ReplayConfig.alpha_end)
+        return ["0.5"], 0.5
+    if isinstance(default, str):
+        return [default + ":x=1"], default + ":x=1"
+    raise AssertionError(f"no test value for {section}.{name}={default!r}")
+
+
+def _leaf_fields(cfg: TrainConfig):
+    hints = {sec: typing.get_type_hints(type(getattr(cfg, sec))) for sec in SECTIONS}
+    for sec in SECTIONS:
+        for f in dataclasses.fields(getattr(cfg, sec)):
+            yield sec, f.name, getattr(getattr(cfg, sec), f.name), hints[sec][f.name]
+
+
+def test_every_config_field_has_a_dotted_flag_that_sets_only_that_field():
+    base = preset("smoke")
+    seen = 0
+    for sec, name, default, annotation in _leaf_fields(base):
+        flag = f"--{sec}.{name.replace('_', '-')}"
+        if isinstance(default, bool):
+            words, value = [flag if not default else f"--{sec}.no-{name.replace('_', '-')}"], not default
+        else:
+            values, value = _other_value(sec, name, default, annotation)
+            words = [flag, *values]
+        got = _cfg("--preset", "smoke", *words)
+        want = base.replace(**{sec: {name: value}})
+        assert getattr(getattr(got, sec), name) == value, (words, getattr(getattr(got, sec), name))
+        assert got == dataclasses.replace(want, folds=got.folds) and (sec == "folds" or got.folds == base.folds), words
+        seen += 1
+    assert seen >= 90  # every section's every field; the top-level `data` is below
+    assert _cfg("--data", "synthetic:seed=7").data == "synthetic:seed=7"
+
+
+def test_dotted_flags_from_the_issue_and_the_last_of_a_flag_and_its_alias_wins():
+    cfg = _cfg("--preset", "h100", "--sim.n-envs", "2048", "--agent.lr", "1e-4")
+    assert cfg.sim.n_envs == 2048 and cfg.agent.lr == 1e-4
+    assert _cfg("--n-envs", "8", "--sim.n-envs", "32").sim.n_envs == 32
+    assert _cfg("--sim.n-envs", "32", "--n-backtests=8").sim.n_envs == 8
+
+
+def test_every_alias_reaches_the_field_it_names():
+    for alias, targets in ALIASES.items():
+        if alias in ("--fold", "--folds"):
+            continue  # BASE gives both; checked by every parse
+        if alias == "--deterministic":
+            cfg, words = _cfg(alias), []
+        else:
+            sec, name = targets[0][2:].split(".")
+            default = getattr(getattr(preset("smoke"), sec), name.replace("-", "_"))
+            hint = typing.get_type_hints(type(getattr(preset("smoke"), sec)))[name.replace("-", "_")]
+            words, value = _other_value(sec, name.replace("-", "_"), default, hint)
+            cfg = _cfg(alias, *words)
+        for target in targets:
+            sec, name = target[2:].split(".")
+            got = getattr(getattr(cfg, sec), name.replace("-", "_"))
+            assert got == (True if not words else value), (alias, target, got)
+
+
+def test_fold_and_folds_are_required(capsys):
+    for argv in (["--run-dir", "/x", "--folds", "3"], ["--run-dir", "/x", "--fold", "0"]):
+        with pytest.raises(SystemExit) as exc:
+            parse(argv)
+        assert exc.value.code == 2
+    assert "--fold (or --folds.fold) is required" in capsys.readouterr().err
+
+
+def test_help_lists_every_section_and_the_presets(capsys):
+    with pytest.raises(SystemExit) as exc:
+        parse(["--help"])
+    assert exc.value.code == 0
+    text = capsys.readouterr().out
+    for sec in SECTIONS:
+        assert f"{sec} options" in text, sec
+    assert "--sim.n-envs" in text and "--agent.lr" in text and "--folds.embargo-rows" in text
+    assert "{" + ",".join(PRESET_NAMES) + "}" in text
+
+
+@pytest.mark.parametrize("bad", [["--compile", "everything"], ["--inventory-penalty", "x"], ["--preset", "h200"],
+                                 ["--sim.no-such-field", "1"]])
 def test_malformed_flags_exit_2(bad):
     with pytest.raises(SystemExit) as exc:
         _cfg(*bad)
     assert exc.value.code == 2
 
 
-def test_negative_inventory_penalty_is_refused_naming_the_field():
-    with pytest.raises(ValueError, match="inventory_penalty"):
-        _cfg("--inventory-penalty", "-1")
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--inventory-penalty", "-1"], "SimConfig.inventory_penalty"),
+    (["--fold", "3"], r"FoldConfig.fold must be in \[0, folds=3\), got 3"),
+    (["--embargo-rows", "-1"], "FoldConfig.embargo_rows"),
+    (["--loop.device", "gpu"], "LoopConfig.device"),
+    (["--eval.n-envs", "0"], "EvalConfig.n_envs"),
+])
+def test_a_value_a_config_refuses_is_refused_with_exit_2_naming_the_field(flags, message, capsys):
+    assert _exit_code([*BASE, *flags]) == 2
+    assert re.search(message, _unboxed(capsys.readouterr().err))
 
 
-def test_autotune_compiles_everything_and_is_refused_with_deterministic():
+def _exit_code(argv: list[str]) -> int:
+    """trainer.train's exit status for a command line that must be refused before any work."""
+    try:
+        return main(argv)
+    except SystemExit as exc:  # usage errors and values refused while tyro builds a section
+        return exc.code
+
+
+def _unboxed(text: str) -> str:
+    """tyro's error box as one line: frame characters dropped, wrapped lines joined."""
+    return " ".join(text.replace("│", " ").replace("╭", " ").replace("╰", " ").split())
+
+
+@pytest.mark.parametrize(("flags", "message"), [
+    (["--preset", "h100", "--compile", "autotune", "--deterministic"], "compile='autotune'.*deterministic"),
+    (["--preset", "smoke", "--mode", "graph"], "mode='graph'.*device='cpu'"),
+    # capacity 64 is raised to 4 x 64 envs = 256 slots: a batch of 257 does not fit
+    (["--per-capacity", "64", "--batch-size", "257"], "batch_size=257 exceeds the replay's capacity 256"),
+])
+def test_cross_section_checks_refuse_impossible_combinations_with_exit_2(flags, message, capsys):
+    assert _exit_code([*BASE, *flags]) == 2
+    assert re.search(message, _unboxed(capsys.readouterr().err))
+    with pytest.raises(ValueError, match=message):  # the same check where the config is built in code
+        preset("h100").replace(loop={"compile": "autotune", "deterministic": True}) if "autotune" in message \
+            else preset("smoke").replace(loop={"mode": "graph"}) if "graph" in message \
+            else preset("smoke").replace(replay={"capacity": 64}, agent={"batch_size": 257})
+
+
+def test_cross_section_checks_accept_the_edge_cases():
     assert _cfg("--preset", "h100", "--compile", "autotune").loop.compile == "autotune"
-    with pytest.raises(ValueError, match="compile='autotune'.*deterministic"):
-        _cfg("--preset", "h100", "--compile", "autotune", "--deterministic")
+    assert _cfg("--per-capacity", "64", "--batch-size", "256").agent.batch_size == 256
+    assert _cfg("--preset", "h100", "--mode", "graph").loop.mode == "graph"
+
+
+def test_dbn_data_dirs_become_the_data_spec_the_reader_loads(shared_data):
+    """--mbp10-data-dir/--trades-data-dir (the seed system's flags) on the real DBN sample in ../shared/data."""
+    d = shared_data / "dbn"
+    cfg = _cfg("--mbp10-data-dir", str(d / "test_data.mbp-10.dbn"), "--trades-data-dir", str(d / "test_data.trades.dbn"))
+    assert cfg.data.startswith("dbn:mbp10=") and describe_spec(cfg.data)["kind"] == "dbn"
+
+
+def test_data_dirs_make_the_data_spec_and_exclude_data(tmp_path):
+    with pytest.raises(ValueError, match="go together"):
+        _cfg("--mbp10-data-dir", str(tmp_path))
+    with pytest.raises(ValueError, match="either --data or"):
+        _cfg("--data", "synthetic", "--mbp10-data-dir", str(tmp_path), "--trades-data-dir", str(tmp_path))
 
 
 @pytest.mark.slow
@@ -74,13 +237,27 @@ def test_compiled_runs_share_the_inductor_cache_beside_the_runs(tmp_path):
     assert run("b") == first  # and found there by the next run: nothing new compiled
 
 
+def _fp(cfg: TrainConfig) -> dict:
+    return fingerprint(fingerprint_config(cfg.to_dict()), "key", {})
+
+
 def test_fingerprint_ignores_where_kernels_run_but_not_what_they_compute():
     """A checkpoint resumes under another overlap or acting SM share (same values), not under another compile."""
-    import dataclasses
-
     base = preset("h100")
-    fp = train.fingerprint(dataclasses.asdict(base), "key", {})
     moved = base.replace(loop={"overlap": False, "act_sm_share": 1.0})
-    assert train.fingerprint(dataclasses.asdict(moved), "key", {}) == fp
+    assert _fp(moved) == _fp(base)
     other = base.replace(loop={"compile": "none" if base.loop.compile != "none" else "all"})
-    assert train.fingerprint(dataclasses.asdict(other), "key", {}) != fp
+    assert _fp(other) != _fp(base)
+
+
+def test_fingerprint_holds_fold_geometry_eval_and_chain_but_not_the_fold_index_or_the_chain_wait():
+    """The fold index is the fold's identity (chain mode compares fold N with fold N-1), and the wait for fold N-1
+    changes nothing computed; fold geometry, evaluation and chain settings change the result."""
+    base = preset("smoke")
+    assert _fp(base.replace(folds={"fold": 2})) == _fp(base)
+    assert _fp(base.replace(folds={"chain_wait_seconds": 60.0})) == _fp(base)
+    for section, change in (("folds", {"folds": 4}), ("folds", {"embargo_rows": 3}), ("folds", {"fold_mode": "chain"}),
+                            ("eval", {"n_envs": 8}), ("chain", {"shrink_alpha": 0.5})):
+        fp = _fp(base.replace(**{section: change}))
+        (name,) = change
+        assert fp != _fp(base) and fp["config"][section][name] == change[name], (section, change)

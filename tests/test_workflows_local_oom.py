@@ -1,7 +1,7 @@
 """A real kernel OOM kill of the real trainer in fold 1 of a local DAG run: retried, resumed, same result.
 
 `python -m workflows.submit --local --memory-limit` runs every train attempt in its own cgroup-v1 memory
-group; the trainer's test hook (ALPHA_RL_TEST_HOOKS=1 plus ALPHA_RL_TEST_OOM_AT_STEP / ALPHA_RL_TEST_OOM_FOLD,
+group; the test-only fault hook (tests/hooks on PYTHONPATH plus ALPHA_RL_TEST_OOM_AT_STEP / ALPHA_RL_TEST_OOM_FOLD,
 passed with --env) makes fold 1's attempt 0 allocate after its checkpoint until the kernel kills it. The
 runner must report OOMKilled (exit 137) with the group's oom_kill counter, wait the rendered backoff, retry
 with `--attempt 1`, and the retry must resume from the checkpoint and end with the result.json of an
@@ -9,7 +9,6 @@ uninterrupted trainer run of the identical command line.
 """
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import shlex
@@ -22,8 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from tests.hooks import alpha_rl_test_hooks as hooks
 from trainer.loop.config import preset
-from trainer.train import oom_hook_step
 from workflows import template as T
 from workflows.cgroup import memory_cgroup_parent
 from workflows.local import parse_duration_s
@@ -93,7 +92,7 @@ def test_real_oom_kill_of_fold_1_is_retried_and_resumes_to_the_uninterrupted_res
         sys.executable, "-m", "workflows.submit", "--folds", "3", "--local", "--sha", SHA, "--preset", "smoke",
         "--device", "cpu", "--n-steps", str(N_STEPS), "--n-backtests", "16", "--per-capacity", "2048",
         "--data", DATA, "--run-root", str(run_root), "--memory-limit", str(MEMORY_LIMIT),
-        "--env", "ALPHA_RL_TEST_HOOKS=1", "--env", f"ALPHA_RL_TEST_OOM_AT_STEP={OOM_AT_STEP}",
+        "--env", f"PYTHONPATH={hooks.HOOKS_DIR}", "--env", f"ALPHA_RL_TEST_OOM_AT_STEP={OOM_AT_STEP}",
         "--env", "ALPHA_RL_TEST_OOM_FOLD=1",
     ]  # fmt: skip
     t0 = time.monotonic()
@@ -167,42 +166,47 @@ def test_real_oom_kill_of_fold_1_is_retried_and_resumes_to_the_uninterrupted_res
 # ──────────────────────────────────────────────────────────────────────── the hook's gating (fast)
 
 
-def _args(fold: int, attempt: int, flag: int | None = None) -> argparse.Namespace:
-    return argparse.Namespace(fold=fold, attempt=attempt, test_oom_at_step=flag)
+def _argv(fold: int, attempt: int) -> list[str]:
+    return ["-m", "trainer.train", "--run-dir", "/r", "--fold", str(fold), "--folds", "3", "--attempt", str(attempt)]
 
 
-def test_env_oom_hook_is_not_even_read_without_test_hooks(monkeypatch):
-    monkeypatch.delenv("ALPHA_RL_TEST_HOOKS", raising=False)
-    monkeypatch.setenv("ALPHA_RL_TEST_OOM_AT_STEP", "not-a-number")  # never parsed: no error either
-    monkeypatch.setenv("ALPHA_RL_TEST_OOM_FOLD", "1")
-    assert oom_hook_step(_args(1, 0)) == (None, None)
-    monkeypatch.setenv("ALPHA_RL_TEST_HOOKS", "0")
-    assert oom_hook_step(_args(1, 0)) == (None, None)
-    with pytest.raises(ValueError, match="needs ALPHA_RL_TEST_HOOKS=1"):
-        oom_hook_step(_args(1, 0, flag=30))
+@pytest.mark.parametrize("variable", [hooks.OOM_AT_STEP, hooks.CUDA_OOM_AT_UPDATE])
+def test_fault_hook_arms_only_the_named_fold_on_attempt_0(monkeypatch, variable):
+    monkeypatch.setenv(variable, "500")
+    monkeypatch.setenv(hooks.OOM_FOLD, "1")
+    assert hooks.armed_at(variable, _argv(1, 0)) == 500
+    assert hooks.armed_at(variable, _argv(0, 0)) is None
+    assert hooks.armed_at(variable, _argv(2, 0)) is None
+    assert hooks.armed_at(variable, _argv(1, 1)) is None  # the retry runs with the same env and must not re-plant
+    assert hooks.armed_at(variable, [*_argv(0, 0), "--folds.fold=1"]) == 500  # the dotted flag counts too
+    monkeypatch.delenv(hooks.OOM_FOLD)
+    assert [hooks.armed_at(variable, _argv(f, 0)) for f in range(3)] == [500, 500, 500]  # no fold named: every fold
+    monkeypatch.delenv(variable)
+    assert hooks.armed_at(variable, _argv(1, 0)) is None
 
 
-def test_env_oom_hook_arms_only_the_named_fold_on_attempt_0(monkeypatch):
-    monkeypatch.setenv("ALPHA_RL_TEST_HOOKS", "1")
-    monkeypatch.setenv("ALPHA_RL_TEST_OOM_AT_STEP", "500")
-    monkeypatch.setenv("ALPHA_RL_TEST_OOM_FOLD", "1")
-    assert oom_hook_step(_args(1, 0)) == (500, "ALPHA_RL_TEST_OOM_AT_STEP")
-    assert oom_hook_step(_args(0, 0)) == (None, None)
-    assert oom_hook_step(_args(2, 0)) == (None, None)
-    assert oom_hook_step(_args(1, 1)) == (None, None)  # the retry runs with the same env and must not re-plant
-    assert oom_hook_step(_args(0, 0, flag=7)) == (7, "--test-oom-at-step")  # the flag is explicit: it wins
-    monkeypatch.delenv("ALPHA_RL_TEST_OOM_FOLD")
-    assert [oom_hook_step(_args(f, 0))[0] for f in range(3)] == [500, 500, 500]  # no fold named: every fold
-
-
-@pytest.mark.parametrize(("name", "value"), [("ALPHA_RL_TEST_OOM_AT_STEP", "0"), ("ALPHA_RL_TEST_OOM_AT_STEP", "5x"),
-                                             ("ALPHA_RL_TEST_OOM_FOLD", "-1")])
-def test_env_oom_hook_with_a_bad_value_is_refused_naming_the_variable(monkeypatch, name, value):
-    monkeypatch.setenv("ALPHA_RL_TEST_HOOKS", "1")
-    monkeypatch.setenv("ALPHA_RL_TEST_OOM_AT_STEP", "500")
+@pytest.mark.parametrize(("name", "value"), [(hooks.OOM_AT_STEP, "0"), (hooks.OOM_AT_STEP, "5x"), (hooks.OOM_FOLD, "-1")])
+def test_fault_hook_with_a_bad_value_is_refused_naming_the_variable(monkeypatch, name, value):
+    monkeypatch.setenv(hooks.OOM_AT_STEP, "500")
     monkeypatch.setenv(name, value)
     with pytest.raises(ValueError, match=f"{name} must be an integer >= ., got '{value}'"):
-        oom_hook_step(_args(1, 0))
+        hooks.armed_at(hooks.OOM_AT_STEP, _argv(1, 0))
+
+
+def test_fault_hooks_load_only_with_their_directory_on_pythonpath():
+    """The hooks are armed by sitecustomize in tests/hooks: a process without that directory on PYTHONPATH never
+    patches anything, whatever the variables say; with it, the checkpointer is patched when imported."""
+    probe = ("import sys, trainer.checkpoint.resume as r; "
+             "print(r.FileCheckpointer.save.__name__, 'alpha_rl_test_hooks' in sys.modules)")
+    env = {**_env(Path("/nonexistent")), hooks.OOM_AT_STEP: "5"}
+    off = subprocess.run([sys.executable, "-c", probe, "--attempt", "0"], env=env, capture_output=True, text=True,
+                         cwd=ROOT, check=True)
+    assert off.stdout.split() == ["save", "False"]
+    on = subprocess.run([sys.executable, "-c", probe, "--attempt", "0"], env={**env, "PYTHONPATH": str(hooks.HOOKS_DIR)},
+                        capture_output=True, text=True, cwd=ROOT, check=True)
+    assert on.stdout.splitlines()[-1].split() == ["save_then_oom", "True"]
+    assert json.loads(on.stdout.splitlines()[0]) == {"event": "test_oom_armed", "attempt": 0, "at_step": 5,
+                                                     "source": hooks.OOM_AT_STEP}
 
 
 # ──────────────────────────────────────────────────────────────── chain mode, end to end (slow)
@@ -228,7 +232,7 @@ def test_chain_mode_runs_folds_in_sequence_and_an_oom_in_fold_1_ends_identical_t
         "--device", "cpu", "--n-steps", str(N_STEPS), "--n-backtests", "16", "--per-capacity", "2048",
         "--data", DATA, "--run-root", str(run_root), "--memory-limit", str(MEMORY_LIMIT), "--fold-mode", "chain",
         "--parallelism", "3",  # room for all folds at once: only the DAG's chain keeps them in order
-        "--env", "ALPHA_RL_TEST_HOOKS=1", "--env", f"ALPHA_RL_TEST_OOM_AT_STEP={OOM_AT_STEP}",
+        "--env", f"PYTHONPATH={hooks.HOOKS_DIR}", "--env", f"ALPHA_RL_TEST_OOM_AT_STEP={OOM_AT_STEP}",
         "--env", "ALPHA_RL_TEST_OOM_FOLD=1",
     ]  # fmt: skip
     t0 = time.monotonic()

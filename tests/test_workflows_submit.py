@@ -12,6 +12,7 @@ import pytest
 import yaml
 
 from workflows.submit import _parser, resolve_sha, workflow_parameters
+from workflows.template import render
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "feedbee1234"
@@ -46,30 +47,39 @@ def test_dry_run_prints_the_template_and_a_workflow_referencing_it():
     assert params == {"git-sha": SHA, "folds": "2", "image": f"ghcr.io/alpha-rl/alpha-rl-trainer:{SHA}", "n-steps": "500"}
 
 
-def test_preset_clears_size_parameters_unless_given_explicitly():
+def test_size_parameters_reach_the_workflow_only_when_given_so_the_preset_decides_the_rest():
     ns = _parser().parse_args(["--preset", "smoke", "--n-steps", "77"])
     params = workflow_parameters(ns, SHA)
     assert params["preset"] == "smoke" and params["n-steps"] == "77"
-    assert params["n-backtests"] == "" and params["per-capacity"] == ""  # the trainer's preset decides
+    assert "n-backtests" not in params and "per-capacity" not in params and "seed" not in params
     ns = _parser().parse_args(["--image", "reg/x:1"])
     params = workflow_parameters(ns, SHA)
     assert params["image"] == "reg/x:1" and "preset" not in params and "n-steps" not in params
+    # Not given, the template's "" makes workflows.launch drop the trainer flag: the preset's value stands.
+    defaults = {p["name"]: p.get("value") for p in render()["spec"]["arguments"]["parameters"]}
+    assert [defaults[k] for k in ("n-steps", "n-backtests", "per-capacity", "seed", "compile")] == [""] * 5
 
 
 def test_compile_reaches_the_trainer_only_when_given():
-    from trainer.loop.config import COMPILE_CHOICES
-    from workflows.submit import COMPILE_CHOICES as SUBMIT_CHOICES
-    from workflows.template import render
-
-    assert SUBMIT_CHOICES == COMPILE_CHOICES
     assert workflow_parameters(_parser().parse_args(["--compile", "autotune"]), SHA)["compile"] == "autotune"
     assert "compile" not in workflow_parameters(_parser().parse_args([]), SHA)
-    # Not given, the template's "" makes workflows.launch drop `--compile ""`: the trainer's preset decides.
-    params = {p["name"]: p.get("value") for p in render()["spec"]["arguments"]["parameters"]}
-    assert params["compile"] == ""
     train = next(t for t in render()["spec"]["templates"] if t["name"] == "train-fold")
     args = train["container"]["args"]
     assert args[args.index("--compile") + 1] == "{{workflow.parameters.compile}}"
+
+
+def test_choices_are_the_trainers_own_and_submitting_imports_no_torch():
+    """submit offers the trainer's choices (trainer.settings, torch-free), not copies; importing it loads no torch."""
+    from trainer.settings import COMPILE_CHOICES, FOLD_MODES, PRESET_NAMES
+
+    by_dest = {a.dest: a.choices for a in _parser()._actions}
+    assert by_dest["compile"] is COMPILE_CHOICES and by_dest["fold_mode"] is FOLD_MODES
+    assert by_dest["preset"] is PRESET_NAMES
+    with pytest.raises(SystemExit):
+        _parser().parse_args(["--preset", "h200"])
+    probe = subprocess.run([sys.executable, "-c", "import sys, workflows.submit; print('torch' in sys.modules)"],
+                           capture_output=True, text=True, cwd=ROOT, check=True)
+    assert probe.stdout.strip() == "False"
 
 
 @pytest.mark.parametrize("folds", ["0", "-1"])

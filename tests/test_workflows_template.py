@@ -12,6 +12,7 @@ import jsonschema
 import pytest
 import yaml
 
+from trainer.settings import PRESET_NAMES
 from workflows import template as T
 from workflows.expr import evaluate, retry_env
 from workflows.submit import build_workflow
@@ -222,8 +223,10 @@ def test_pod_defaults_are_set_once_and_cannot_be_overridden_per_template():
 def test_parameters_and_defaults_match_the_issue():
     params = {p["name"]: p.get("value") for p in T.render()["spec"]["arguments"]["parameters"]}
     assert params["git-sha"] is None  # required
-    assert params["folds"] == "3" and params["n-steps"] == "25000" and params["n-backtests"] == "1024"
-    assert params["per-capacity"] == "65536" and params["gpu-pool"] == "ci-training-h100"
+    assert params["folds"] == "3" and params["gpu-pool"] == "ci-training-h100"
+    # sizes and seed are the preset's ("" is dropped by workflows.launch), not copies of its values
+    assert params["n-steps"] == params["n-backtests"] == params["per-capacity"] == params["seed"] == ""
+    assert params["preset"] in PRESET_NAMES
     assert {"image", "pool-label-key", "data", "pvc", "fold-mode"} <= set(params)
 
 

@@ -26,7 +26,8 @@ import time
 import torch
 
 from trainer.errors import exit_code_for
-from trainer.loop.config import COMPILE_CHOICES
+from trainer.loop.config import preset
+from trainer.settings import COMPILE_CHOICES, ENCODERS, PRESET_NAMES, SCANS
 from trainer.sim import BRANCH_SIZES, SimConfig, Simulator
 from trainer.sim.synthetic import random_decision_tape
 
@@ -127,7 +128,6 @@ def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, ta
     more LoopConfig fields (`overlap`, `act_sm_share`)."""
     import numpy as np
 
-    from trainer.loop.config import preset
     from trainer.loop.fold import FoldTrainer, Window
 
     cfg = preset(preset_name)
@@ -419,7 +419,7 @@ def print_table(rows: list[dict]) -> None:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m trainer.bench", description=__doc__.splitlines()[0])
     parser.add_argument("--sim-only", action="store_true", help="benchmark the simulator step alone")
-    parser.add_argument("--n-envs", type=int, default=16_384, help="environments stepped in lock-step")
+    parser.add_argument("--n-envs", type=int, help="environments stepped in lock-step (default: the preset's sim.n_envs)")
     parser.add_argument("--steps", type=int, default=200, help="timed steps (after warm-up)")
     parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda")
     parser.add_argument("--no-cuda-graph", action="store_true", help="on CUDA, launch the step eagerly")
@@ -435,7 +435,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", action="store_true", help="print one JSON line instead of a table")
     parser.add_argument("--mode", choices=("eager", "graph", "both"), default="both",
                         help="full step: eager, CUDA graph, or both side by side (graph needs CUDA)")
-    parser.add_argument("--preset", default="h100", help="model/replay size of the full step (h100 or smoke)")
+    parser.add_argument("--preset", default="h100", choices=PRESET_NAMES,
+                        help="model, replay and env count of the benchmark (trainer/settings.py)")
     parser.add_argument("--profile", action="store_true",
                         help="full step: kernels and device time per step region (torch.profiler); with --mode graph, "
                              "of graph replays")
@@ -445,9 +446,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-envs-list", default="256,1024,4096,16384", help="n_envs values for --sweep")
     parser.add_argument("--window-rows", type=int, default=DEFAULT_WINDOW_ROWS,
                         help="full step: rows of the training window (acting encodes min(n_envs, rows) windows)")
-    parser.add_argument("--encoder", choices=("mamba", "gru"), help="full step: override the preset's encoder")
-    parser.add_argument("--scan", choices=("fused", "parallel", "sequential"), help="full step: Mamba selective-scan variant")
+    parser.add_argument("--encoder", choices=ENCODERS, help="full step: override the preset's encoder")
+    parser.add_argument("--scan", choices=SCANS, help="full step: Mamba selective-scan variant")
     args = parser.parse_args(argv)
+    if args.n_envs is None:
+        args.n_envs = preset(args.preset).sim.n_envs
     agent = {k: v for k, v in {"encoder": args.encoder, "scan": args.scan}.items() if v}
     loop = {"overlap": not args.no_overlap}
     if args.act_sm_share is not None:

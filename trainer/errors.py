@@ -9,6 +9,7 @@ EXIT_OK = 0
 EXIT_BAD_INPUT = 2  # bad usage, config or input data: never retried
 EXIT_KILLED = 3  # aborted by a kill criterion (non-finite loss, Q divergence, ...): never retried
 EXIT_SIGTERM = 143  # stopped by SIGTERM after writing a checkpoint: retried
+EXIT_CUDA_OOM = 75  # CUDA out of memory (sysexits' EX_TEMPFAIL): no checkpoint of the broken state; retried
 
 
 class InputError(ValueError):

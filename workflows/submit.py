@@ -25,10 +25,8 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from trainer.errors import exit_code_for
+from trainer.settings import COMPILE_CHOICES, DEVICES, FOLD_MODES, PRESET_NAMES  # torch-free: submitting loads no torch
 from workflows.template import DEFAULTS, PARAMETER_DEFAULTS, REPO_ROOT, render
-
-COMPILE_CHOICES = ("none", "sim", "all", "autotune")
-"""trainer.loop.config.COMPILE_CHOICES, repeated so that submitting imports no torch (a test keeps them equal)."""
 
 __all__ = ["ClusterError", "resolve_sha", "workflow_parameters", "build_workflow", "main"]
 
@@ -73,20 +71,12 @@ def resolve_sha(repo: Path, sha: str | None, allow_dirty: bool) -> str:
 
 
 def workflow_parameters(ns: argparse.Namespace, sha: str) -> dict[str, str]:
-    """Workflow parameters from the CLI; only those given (the template supplies the other defaults).
-
-    With --preset and no explicit --n-steps / --n-backtests / --per-capacity, those parameters are
-    set to "" so workflows.launch drops the flags and the trainer's preset decides them.
-    """
+    """Workflow parameters from the CLI; only those given. The template supplies the others, and its "" defaults
+    (n-steps, n-backtests, per-capacity, compile, seed) leave them to the trainer's preset."""
     params: dict[str, str] = {"git-sha": sha, "folds": str(ns.folds)}
     params["image"] = ns.image or f"{ns.registry}/alpha-rl-trainer:{sha}"
-    if ns.preset is not None:
-        params["preset"] = ns.preset
-        params.update({"n-steps": "", "n-backtests": "", "per-capacity": ""})
-    for key, attr in (("n-steps", "n_steps"), ("n-backtests", "n_backtests"), ("per-capacity", "per_capacity")):
-        if getattr(ns, attr) is not None:
-            params[key] = str(getattr(ns, attr))
     for key, attr in (
+        ("preset", "preset"), ("n-steps", "n_steps"), ("n-backtests", "n_backtests"), ("per-capacity", "per_capacity"),
         ("data", "data"), ("compile", "compile"), ("fold-mode", "fold_mode"), ("seed", "seed"), ("device", "device"),
         ("gpu-pool", "gpu_pool"), ("pvc", "pvc"),
     ):  # fmt: skip
@@ -219,16 +209,17 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--allow-dirty", action="store_true", help="run HEAD's sha with uncommitted changes")
     ap.add_argument("--image", help="trainer image (default: <registry>/alpha-rl-trainer:<sha>)")
     ap.add_argument("--registry", default=DEFAULT_REGISTRY, help="registry of the default image")
-    ap.add_argument("--n-steps", type=int, help="env steps per fold (default: the template's, or the preset's)")
-    ap.add_argument("--n-backtests", type=int, help="parallel backtests (trainer --n-envs)")
-    ap.add_argument("--per-capacity", type=int, help="replay capacity")
+    ap.add_argument("--n-steps", type=int, help="env steps per fold (default: the preset's)")
+    ap.add_argument("--n-backtests", type=int, help="parallel backtests (trainer --sim.n-envs; default: the preset's)")
+    ap.add_argument("--per-capacity", type=int, help="replay capacity (trainer --replay.capacity; default: the preset's)")
     ap.add_argument("--data", help="data SPEC (default: synthetic)")
-    ap.add_argument("--preset", choices=("smoke", "h100"), help="trainer preset (local default: smoke)")
+    ap.add_argument("--preset", choices=PRESET_NAMES,
+                    help=f"trainer preset (default: the template's, {PARAMETER_DEFAULTS['preset']}; local: smoke)")
     ap.add_argument("--compile", choices=COMPILE_CHOICES,
                     help="torch.compile in the trainer's step (default: the preset's; 'autotune' on long GPU runs)")
-    ap.add_argument("--fold-mode", choices=("independent", "chain"))
-    ap.add_argument("--seed", type=int)
-    ap.add_argument("--device", choices=("auto", "cpu", "cuda"), help="(local default: auto)")
+    ap.add_argument("--fold-mode", choices=FOLD_MODES)
+    ap.add_argument("--seed", type=int, help="seed of the trainer (default: the preset's)")
+    ap.add_argument("--device", choices=DEVICES, help="(local default: auto)")
     ap.add_argument("--gpu-pool", help="value of the node-pool label the train pods select")
     ap.add_argument("--pvc", help="PersistentVolumeClaim holding fxcache and runs")
     mode = ap.add_mutually_exclusive_group()

@@ -69,17 +69,19 @@ RETRY_EXPRESSION = (
     " || lastRetry.status == 'Failed')"
 )
 
-# Workflow parameters and their defaults (git-sha is required: no default).
+# Workflow parameters and their defaults (git-sha is required: no default). "" means "the preset decides":
+# workflows.launch drops a `--flag ""` pair, so the trainer's preset (trainer/settings.py) supplies the value
+# instead of a copy of it here that a preset change would silently override.
 PARAMETER_DEFAULTS: dict[str, str | None] = {
     "git-sha": None,
     "image": "ghcr.io/alpha-rl/alpha-rl-trainer:latest",
     "folds": "3",
-    "n-steps": "25000",
-    "n-backtests": "1024",
-    "per-capacity": "65536",
+    "n-steps": "",
+    "n-backtests": "",
+    "per-capacity": "",
     "compile": "",
     "preset": "h100",
-    "seed": "0",
+    "seed": "",
     "device": "cuda",
     "fold-mode": "independent",
     "data": "synthetic",

@@ -21,9 +21,7 @@ written result.json (the fold is finished); otherwise fold i refuses (InputError
 """
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
@@ -35,26 +33,7 @@ from trainer.agent.network import QNetwork
 from trainer.checkpoint.store import fingerprint_mismatch, latest_valid
 from trainer.checkpoint.tensors import decode_json, decode_tensors
 from trainer.errors import InputError
-
-
-@dataclass(frozen=True)
-class ChainConfig:
-    shrink_alpha: float = 0.8
-    """α of shrink-and-perturb: θ ← α θ_prev + (1 − α) θ_fresh, in [0, 1] (1 keeps the old weights exactly)."""
-    adam_m_scale: float = 0.1
-    """Factor on AdamW's first moments (exp_avg) at the fold boundary, in [0, 1]."""
-    adam_v_scale: float = 0.01
-    """Factor on AdamW's second moments (exp_avg_sq) at the fold boundary, in [0, 1]."""
-    seed_stride: int = 1_000_003
-    """The fresh initialisation of fold i uses seed + i × seed_stride, so each fold is perturbed differently."""
-
-    def __post_init__(self) -> None:
-        for name in ("shrink_alpha", "adam_m_scale", "adam_v_scale"):
-            v = getattr(self, name)
-            if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
-                raise ValueError(f"ChainConfig.{name} must be in [0, 1], got {v!r}")
-        if not (isinstance(self.seed_stride, int) and self.seed_stride >= 1):
-            raise ValueError(f"ChainConfig.seed_stride must be an int >= 1, got {self.seed_stride!r}")
+from trainer.settings import ChainConfig  # defined with the torch-free sections of the config tree
 
 
 def previous_fold_dir(run_dir: Path, fold: int) -> Path:

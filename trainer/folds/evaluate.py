@@ -15,7 +15,6 @@ function, so their numbers compare like for like.
 from __future__ import annotations
 
 import dataclasses
-import math
 from dataclasses import dataclass
 from typing import Callable
 
@@ -26,6 +25,7 @@ from trainer.features.decision import DecisionTape
 from trainer.folds.metrics import (TRADING_DAYS_PER_YEAR, bars_per_day, edge_stats, edge_sums, entropy_nats,
                                    equity_metrics, holding_time, mid_edge)
 from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, Simulator, SimConfig
+from trainer.settings import EvalConfig  # defined with the torch-free sections of the config tree
 from trainer.sim.actions import DIRECTION_NAMES
 
 # policy(obs (B, W, F), env_state (B, S)) -> actions (B, n_branches) int64
@@ -34,24 +34,6 @@ Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 HEADLINE = ("win_rate", "net_pnl", "gross_pnl", "fees", "trades", "sharpe", "max_drawdown", "hold_frac",
             "time_in_market", "mean_holding_seconds", "turnover_contracts", "mid_edge", "mid_edge_tstat", "mid_hit_rate", "mid_edge_n")
 """The metrics kept for baselines in result.json (a small dict each)."""
-
-
-@dataclass(frozen=True)
-class EvalConfig:
-    n_envs: int = 256
-    """Segment backtests spread over the eval window (capped at the number of usable steps)."""
-    bar_seconds: int = 300
-    """Bar length of the returns behind Sharpe / Sortino / Calmar (see trainer.folds.metrics)."""
-    day_offset_hours: float = 0.0
-    """Trading days start at UTC midnight + this (e.g. -2 for CME Globex's 22:00 UTC open); used to count bars per day."""
-
-    def __post_init__(self) -> None:
-        if not (isinstance(self.n_envs, int) and self.n_envs >= 1):
-            raise ValueError(f"EvalConfig.n_envs must be an int >= 1, got {self.n_envs!r}")
-        if not (isinstance(self.bar_seconds, int) and self.bar_seconds >= 1):
-            raise ValueError(f"EvalConfig.bar_seconds must be an int >= 1, got {self.bar_seconds!r}")
-        if not (math.isfinite(self.day_offset_hours) and -24 < self.day_offset_hours < 24):
-            raise ValueError(f"EvalConfig.day_offset_hours must be in (-24, 24), got {self.day_offset_hours!r}")
 
 
 @dataclass

@@ -1,0 +1,216 @@
+"""The torch-free half of the config tree: choices, the named presets, and the sections that import nothing heavy.
+
+`trainer.loop.config.TrainConfig` is the one config tree; its sections are the stage configs (features, sim,
+agent, replay) plus the four defined here (loop, folds, eval, chain). This module imports only the standard
+library and `trainer.agent.config` (itself torch-free), so `workflows/` takes choices and preset names from here
+instead of copying them: `python -c "import workflows.submit"` imports no torch (tests/test_workflows_submit.py).
+
+Presets are data: per section, the fields that differ from the dataclass defaults. `trainer.loop.config.preset`
+applies them; explicit command-line flags are applied after, so a flag always beats the preset.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Any, Literal, Mapping, get_args
+
+from trainer.agent.config import ENCODERS, SCANS
+
+__all__ = ["COMPILE_CHOICES", "MODES", "DEVICES", "FOLD_MODES", "ENCODERS", "SCANS", "PRESETS", "PRESET_NAMES",
+           "DEFAULT_PRESET", "FINGERPRINT_EXCLUDED", "LoopConfig", "FoldConfig", "EvalConfig", "ChainConfig"]
+
+# Literal types, so the generated CLI offers (and checks) the choices; the tuples are what other modules import.
+Compile = Literal["none", "sim", "all", "autotune"]
+Mode = Literal["auto", "eager", "graph"]
+FoldMode = Literal["independent", "chain"]
+COMPILE_CHOICES: tuple[str, ...] = get_args(Compile)
+"""LoopConfig.compile: torch.compile inside the step (see the field's docstring)."""
+MODES: tuple[str, ...] = get_args(Mode)
+"""LoopConfig.mode: how the step is launched."""
+FOLD_MODES: tuple[str, ...] = get_args(FoldMode)
+"""FoldConfig.fold_mode: train each fold from scratch, or warm-start fold N from fold N-1's final state."""
+DEVICES = ("auto", "cpu", "cuda")
+"""Device kinds; the trainer also takes 'cuda:<i>'."""
+_DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
+
+PRESETS: Mapping[str, Mapping[str, Mapping[str, Any]]] = MappingProxyType({
+    # CPU, about a minute per fold on 2 cores. GRU: the pure-PyTorch Mamba scan is ~10x slower per update on a CPU
+    # (docs/agent.md); the GPU preset uses Mamba.
+    "smoke": {
+        "sim": {"n_envs": 64},
+        "agent": {"d_model": 32, "window": 16, "batch_size": 128, "n_layers": 1, "encoder": "gru"},
+        "replay": {"capacity": 8192},
+        "loop": {"n_steps": 1500, "log_every": 250, "checkpoint_every": 500, "learning_starts": 32, "device": "cpu"},
+        "eval": {"n_envs": 64},
+    },
+    # The seed plan's GPU run. compile='all': about twice the graph-captured step rate for about a minute of
+    # compiling per process (docs/BENCHMARKS.md).
+    "h100": {
+        "sim": {"n_envs": 1024},
+        "replay": {"capacity": 65_536},
+        "loop": {"n_steps": 25_000, "log_every": 500, "checkpoint_every": 5_000, "compile": "all"},
+    },
+})
+"""Named presets: section -> field -> value, applied over the dataclass defaults."""
+PRESET_NAMES = tuple(PRESETS)
+DEFAULT_PRESET = "smoke"
+"""What `python -m trainer.train` runs without --preset (the workflow template passes its own, h100)."""
+
+FINGERPRINT_EXCLUDED = (
+    "loop.n_steps", "loop.log_every", "loop.checkpoint_every", "loop.keep_checkpoints", "loop.mode", "loop.device",
+    "loop.grace_seconds", "loop.overlap", "loop.act_sm_share", "folds.chain_wait_seconds", "folds.fold",
+)
+"""Config fields left out of the checkpoint fingerprint. All but folds.fold may change between attempts without
+changing what the run computes (how long, how often it logs or saves, where and how its kernels run: same values).
+folds.fold is the fold's identity, not a setting: its checkpoints carry it in their counters (a wrong fold is
+refused on load), and chain mode compares fold N's fingerprint with fold N-1's."""
+
+
+@dataclass(frozen=True)
+class LoopConfig:
+    n_steps: int = 25_000
+    """Training steps per fold; each is n_envs env steps plus one gradient step."""
+    learning_starts: int = 64
+    """Env steps (per env) of acting only before gradient steps begin (fills replay past batch_size)."""
+    log_every: int = 500
+    """Steps between JSON log lines; metrics are read from the device only then (host sync)."""
+    checkpoint_every: int = 5_000
+    """Steps between checkpoints (the seed plan's cadence); a final one is written at the end."""
+    keep_checkpoints: int = 2
+    """Newest checkpoints kept per fold (>= 2)."""
+    mode: Mode = "auto"
+    """'eager', 'graph' (CUDA graph of the whole step; CUDA only) or 'auto' (graph on CUDA, eager on CPU)."""
+    device: str = "auto"
+    """'auto' (cuda if available), 'cpu' or 'cuda[:i]'."""
+    compile: Compile = "none"
+    """torch.compile inside the step: 'none'; 'sim' (the simulator step: its many small elementwise kernels fuse
+    into a few); 'all' (every tensor-only part of the step: acting, simulator, n-step store, replay sampling and
+    priorities, the learner's target, loss with its backward, clip and statistics; backward bookkeeping, AdamW and
+    Polyak stay eager); 'autotune' ('all' with inductor's max_autotune on CUDA: each matrix product's kernel is
+    picked by timing candidates on the device; minutes of compiling with a cold cache; on CPU it compiles as
+    'all'). Paid once per process; values match eager to float rounding, not bit for bit, so it is part of the
+    checkpoint fingerprint. 'autotune' cannot be deterministic: its picks depend on timings (the compile cache
+    keeps them for a retried attempt). Speeds: docs/BENCHMARKS.md."""
+    overlap: bool = True
+    """In graph mode (CUDA), run acting (act -> simulator -> store) and the learner's double-DQN target forwards on
+    side streams, concurrently with the learner's online forward and backward (trainer/loop/step.py). Same values
+    either way. Eager steps and deterministic runs keep one stream: an eager step is bound by the host, which the
+    side streams cost time (docs/BENCHMARKS.md)."""
+    act_sm_share: float = 0.5
+    """With `overlap`, the share of the GPU's SMs acting may use while the learner computes (a CUDA green context;
+    1.0: all of them), as long as acting is the smaller of the two: at most 4 windows per batch item (beyond that,
+    acting gets every SM; trainer/loop/step.py). The learner may use every SM. Half measured best on an H200
+    (docs/BENCHMARKS.md). Same values either way."""
+    seed: int = 0
+    """Seed for torch, numpy and python (--seed also sets sim.seed)."""
+    deterministic: bool = False
+    """Seeded everything plus torch.use_deterministic_algorithms: a killed-and-resumed run ends bit-identical."""
+    grace_seconds: float = 30.0
+    """After SIGTERM/SIGINT: finish the step, checkpoint, exit 143 within this budget."""
+    select_frac: float = 0.0
+    """Share of the training window's rows, at its end, held out for model selection (trainer/loop/select.py): never
+    trained on; the greedy policy is backtested there every `select_every` steps and the best weights, not the
+    last, go to out-of-sample evaluation. 0 turns selection off (the last weights are evaluated)."""
+    select_every: int = 250
+    """Steps between validation backtests when `select_frac` > 0 (each is one host sync); one more runs at the end."""
+    select_envs: int = 16
+    """Validation backtests, at evenly spaced start rows of the held-out slice, each over its own contiguous part."""
+    select_min_net: float = 0.0
+    """The fold stands aside (never opens a position out of sample) unless the best validated network netted more
+    than this (currency, after fees) on the held-out slice."""
+
+    def __post_init__(self) -> None:
+        if not 0.0 <= self.select_frac < 1.0:
+            raise ValueError(f"LoopConfig.select_frac must be in [0, 1), got {self.select_frac!r}")
+        if not math.isfinite(self.select_min_net):
+            raise ValueError(f"LoopConfig.select_min_net must be finite, got {self.select_min_net!r}")
+        for name in ("n_steps", "log_every", "checkpoint_every", "select_every", "select_envs"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)!r}")
+        if self.learning_starts < 0:
+            raise ValueError(f"LoopConfig.learning_starts must be >= 0, got {self.learning_starts!r}")
+        if self.keep_checkpoints < 2:
+            raise ValueError(f"LoopConfig.keep_checkpoints must be >= 2, got {self.keep_checkpoints!r}")
+        if self.mode not in MODES:
+            raise ValueError(f"LoopConfig.mode must be one of {MODES}, got {self.mode!r}")
+        if not _DEVICE.fullmatch(self.device):
+            raise ValueError(f"LoopConfig.device must be auto, cpu, cuda or cuda:<i>, got {self.device!r}")
+        if not 0.0 < self.act_sm_share <= 1.0:
+            raise ValueError(f"LoopConfig.act_sm_share must be in (0, 1], got {self.act_sm_share!r}")
+        if self.compile not in COMPILE_CHOICES:
+            raise ValueError(f"LoopConfig.compile must be one of {COMPILE_CHOICES}, got {self.compile!r}")
+        if not (math.isfinite(self.grace_seconds) and self.grace_seconds > 0):
+            raise ValueError(f"LoopConfig.grace_seconds must be finite and > 0, got {self.grace_seconds!r}")
+
+
+@dataclass(frozen=True)
+class FoldConfig:
+    """Walk-forward geometry: which fold this process trains, and how the timeline is cut."""
+
+    fold: int = 0
+    """Fold index N in [0, folds): trains on window N, evaluates out of sample on window N+1."""
+    folds: int = 3
+    """Number of folds K (K+1 equal windows over the decision timeline)."""
+    embargo_rows: int = 0
+    """Decision rows left out between consecutive windows (>= 0), so no label horizon leaks across a boundary."""
+    fold_mode: FoldMode = "independent"
+    """'independent': each fold trains from scratch; 'chain': fold N >= 1 warm-starts from fold N-1's final state
+    (trainer/folds/chain.py)."""
+    chain_wait_seconds: float = 0.0
+    """Chain mode: wait this long for fold N-1's result.json before refusing (exit 2)."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.folds, int) and self.folds >= 1):
+            raise ValueError(f"FoldConfig.folds must be an int >= 1, got {self.folds!r}")
+        if not (isinstance(self.fold, int) and 0 <= self.fold < self.folds):
+            raise ValueError(f"FoldConfig.fold must be in [0, folds={self.folds}), got {self.fold!r}")
+        if not (isinstance(self.embargo_rows, int) and self.embargo_rows >= 0):
+            raise ValueError(f"FoldConfig.embargo_rows must be an int >= 0, got {self.embargo_rows!r}")
+        if self.fold_mode not in FOLD_MODES:
+            raise ValueError(f"FoldConfig.fold_mode must be one of {FOLD_MODES}, got {self.fold_mode!r}")
+        if not (math.isfinite(self.chain_wait_seconds) and self.chain_wait_seconds >= 0):
+            raise ValueError(f"FoldConfig.chain_wait_seconds must be finite and >= 0, got {self.chain_wait_seconds!r}")
+
+
+@dataclass(frozen=True)
+class EvalConfig:
+    """Out-of-sample evaluation of a trained fold (trainer/folds/evaluate.py)."""
+
+    n_envs: int = 256
+    """Segment backtests spread over the eval window (capped at the number of usable steps)."""
+    bar_seconds: int = 300
+    """Bar length of the returns behind Sharpe / Sortino / Calmar (see trainer.folds.metrics)."""
+    day_offset_hours: float = 0.0
+    """Trading days start at UTC midnight + this (e.g. -2 for CME Globex's 22:00 UTC open); used to count bars per day."""
+
+    def __post_init__(self) -> None:
+        if not (isinstance(self.n_envs, int) and self.n_envs >= 1):
+            raise ValueError(f"EvalConfig.n_envs must be an int >= 1, got {self.n_envs!r}")
+        if not (isinstance(self.bar_seconds, int) and self.bar_seconds >= 1):
+            raise ValueError(f"EvalConfig.bar_seconds must be an int >= 1, got {self.bar_seconds!r}")
+        if not (math.isfinite(self.day_offset_hours) and -24 < self.day_offset_hours < 24):
+            raise ValueError(f"EvalConfig.day_offset_hours must be in (-24, 24), got {self.day_offset_hours!r}")
+
+
+@dataclass(frozen=True)
+class ChainConfig:
+    """The fold-boundary treatment of chain mode (trainer/folds/chain.py)."""
+
+    shrink_alpha: float = 0.8
+    """α of shrink-and-perturb: θ ← α θ_prev + (1 − α) θ_fresh, in [0, 1] (1 keeps the old weights exactly)."""
+    adam_m_scale: float = 0.1
+    """Factor on AdamW's first moments (exp_avg) at the fold boundary, in [0, 1]."""
+    adam_v_scale: float = 0.01
+    """Factor on AdamW's second moments (exp_avg_sq) at the fold boundary, in [0, 1]."""
+    seed_stride: int = 1_000_003
+    """The fresh initialisation of fold i uses seed + i × seed_stride, so each fold is perturbed differently."""
+
+    def __post_init__(self) -> None:
+        for name in ("shrink_alpha", "adam_m_scale", "adam_v_scale"):
+            v = getattr(self, name)
+            if not (isinstance(v, (int, float)) and math.isfinite(v) and 0.0 <= v <= 1.0):
+                raise ValueError(f"ChainConfig.{name} must be in [0, 1], got {v!r}")
+        if not (isinstance(self.seed_stride, int) and self.seed_stride >= 1):
+            raise ValueError(f"ChainConfig.seed_stride must be an int >= 1, got {self.seed_stride!r}")
