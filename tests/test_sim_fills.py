@@ -89,6 +89,64 @@ def test_sim_market_order_walks_levels_and_prices_beyond_visible_depth() -> None
     assert ints(st.time_in_trade) == [1, 2]
 
 
+def test_sim_ioc_walks_the_book_only_up_to_its_limit_price_and_cancels_the_rest() -> None:
+    thin = dict(bids=[(100, 5), (99, 5), (98, 5)], asks=[(101, 1), (102, 1)])  # only 2 ask levels visible
+    tape = make_tape([STD, STD, STD])
+    config = cfg(max_position=9, order_types=("ioc", "fok", "post_only"), marketable_limit_ticks=1)  # targets 3/6/9
+    sim = Simulator(tape, config, "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    out = sim.step(st, act((LONG, 2, 0, 0), (SHORT, 0, 0, 0)))
+    # env0 buys 9 with limit 101 + 1 = 102: takes 4 @ 101 + 4 @ 102 = 812 and stops (103 is beyond the limit); the
+    # 9th contract is cancelled. env1 sells 3 with limit 100 - 1 = 99: all 3 @ 100 (the best bid shows 5).
+    assert ints(st.position) == [8, -3] and ints(st.cash_ticks) == [-812, 300] and ints(out.filled_qty) == [8, -3]
+    assert ints(st.taker_qty) == [8, 3] and ints(st.market_orders) == [1, 1] and ints(st.rejected_orders) == [0, 0]
+    assert ints(st.order_side) == [0, 0] and ints(st.limit_orders) == [0, 0]  # nothing rests
+    # Never past the visible depth: a limit 5 ticks through the ask of a 2-level book takes those 2 contracts only
+    # (a MARKET order would fill its 3rd contract at 102 + beyond_depth_ticks).
+    sim = Simulator(make_tape([thin] * 3), cfg(order_types=("ioc", "fok", "post_only"), marketable_limit_ticks=5),
+                    "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    sim.step(st, act((LONG, 2, 0, 0), (LONG, 0, 0, 0)))
+    assert ints(st.position) == [2, 1] and ints(st.cash_ticks) == [-203, -101]
+    # With marketable_limit_ticks = 0 only the best level is taken: 1 @ 101, then nothing is left within the limit.
+    sim = Simulator(make_tape([thin] * 3), cfg(order_types=("ioc", "fok", "post_only")), "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    sim.step(st, act((LONG, 2, 0, 0), (SHORT, 2, 0, 0)))
+    assert ints(st.position) == [1, -3] and ints(st.cash_ticks) == [-101, 300]
+
+
+def test_sim_fok_fills_completely_within_its_limit_or_not_at_all() -> None:
+    sim = Simulator(make_tape([STD] * 3), cfg(max_position=9, order_types=("ioc", "fok", "post_only"),
+                                              marketable_limit_ticks=1), "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    out = sim.step(st, act((LONG, 2, 1, 0), (LONG, 1, 1, 0)))
+    # Limit 102 leaves 4 + 4 = 8 contracts in reach. env0 wants 9 > 8: killed, nothing fills, no fee.
+    # env1 wants 6 <= 8: 4 @ 101 + 2 @ 102 = 608.
+    assert ints(st.position) == [0, 6] and ints(st.cash_ticks) == [0, -608] and out.fees.tolist() == [0.0, 6.0]
+    assert ints(st.rejected_orders) == [1, 0] and ints(st.market_orders) == [1, 1] and ints(st.order_side) == [0, 0]
+    assert int(sim.stats(st)["rejected_orders"]) == 1
+
+
+def test_sim_post_only_rests_inside_the_spread_and_is_rejected_when_it_would_cross() -> None:
+    wide = dict(bids=[(100, 5), (99, 8), (98, 5)], asks=[(103, 4), (104, 4), (105, 4)], sells=[(101, 2)])
+    sim = Simulator(make_tape([wide, STD, STD, STD]), cfg(order_types=("market", "limit_touch", "post_only")), "cpu")
+    st = sim.reset(0, 4, start_rows=torch.tensor([0, 0]))
+    out = sim.step(st, act((LONG, 0, 2, 2), (SHORT, 0, 2, 2)))
+    # Spread 100/103: env0 rests a buy @ 100 + 1 = 101, env1 a sell @ 103 - 1 = 102, both alone at a new price
+    # (queue 0). Sellers print 2 @ 101 in (0, 1]: env0 fills 1 @ 101 as a maker. env1 keeps working; row 1 shows 4
+    # @ 102 on the ask, which joined behind it (queue stays 0).
+    assert ints(st.position) == [1, 0] and ints(st.maker_qty) == [1, 0] and ints(st.cash_ticks) == [-101, 0]
+    assert ints(st.order_side) == [0, -1] and ints(st.order_px) == [0, 102] and ints(st.order_queue) == [0, 0]
+    assert ints(st.limit_orders) == [1, 1] and ints(st.rejected_orders) == [0, 0]
+    # Mark at row 1's mid 100.5: -101 + 100.5 = -0.5 tick = -6.25, minus one 0.5 maker fee.
+    assert out.reward.tolist() == [-6.75, 0.0]
+    sim.step(st, act((FLAT, 0, 2, 2), (SHORT, 1, 2, 2)))
+    # Row 1 has a one-tick spread 100/101: a sell post-only @ 101 - 1 = 100 would hit the bid -> rejected. env0 keeps
+    # its long; env1's new instruction still cancels its working sell @ 102 and places nothing.
+    assert ints(st.position) == [1, 0] and ints(st.order_side) == [0, 0] and ints(st.rejected_orders) == [1, 1]
+    assert ints(st.taker_qty) == [0, 0] and ints(st.limit_orders) == [1, 1]
+
+
 def test_sim_limit_queue_is_consumed_first_and_only_excess_fills_then_capped_when_level_shrinks() -> None:
     row0 = dict(STD, sells=[(100, 7)])  # sellers hit 7 @ 100 during (0, 1]
     row1 = dict(bids=[(100, 3), (99, 6), (98, 5)], asks=STD["asks"])
