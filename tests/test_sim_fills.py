@@ -162,6 +162,41 @@ def test_sim_limit_queue_is_consumed_first_and_only_excess_fills_then_capped_whe
     assert out.reward.tolist() == [11.5, 0.0]
 
 
+def test_sim_depth_increase_at_our_price_never_moves_us_forward_in_the_queue() -> None:
+    # Our buy @ 100 joins 5 ahead at row 0. Row 1 shows 100 with 5 (unchanged) or 50 (45 joined, behind us);
+    # sellers print 6 @ 100 in (1, 2]. Either way 5 trade ahead of us and the 6th fills us: the increase neither
+    # helps (queue < 5) nor hurts (queue := 50, no fill).
+    results = []
+    for shown in (5, 50):
+        row1 = dict(bids=[(100, shown), (99, 8), (98, 5)], asks=STD["asks"], sells=[(100, 6)])
+        sim = Simulator(make_tape([STD, row1, STD, STD]), cfg(), "cpu")
+        st = sim.reset(0, 4, start_rows=torch.tensor([0, 0]))
+        sim.step(st, act((LONG, 0, LIMIT_TOUCH, 2), (LONG, 1, LIMIT_TOUCH, 2)))
+        assert ints(st.order_queue) == [5, 5]
+        sim.step(st, HOLD_ALL)
+        # env0 (1 contract) filled by the 6th; env1 (2 contracts) got 1 of them and keeps working with nobody ahead.
+        assert ints(st.position) == [1, 1] and ints(st.order_remaining) == [0, 1] and ints(st.order_queue) == [0, 0]
+        results.append({k: v.clone() for k, v in st.state_dict().items()})
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
+def test_sim_trade_at_our_price_and_the_depth_drop_it_causes_count_once() -> None:
+    # Buy 3 @ 100 behind 5. Sellers print 3 @ 100 in (0, 1], so row 1 shows 5 - 3 = 2 at 100: the same 3 contracts,
+    # seen once as trades and once as a smaller level. Queue 5 - 3 = 2, capped at min(2, 2) = 2; no fill (counting
+    # both would leave 5 - 3 - 3 < 0 ahead and fill us). With one more cancelled (row 1 shows 1), the cap applies
+    # the extra drop only: queue 1.
+    for shown, queue_after in ((2, 2), (1, 1)):
+        row0 = dict(STD, sells=[(100, 3)])
+        row1 = dict(bids=[(100, shown), (99, 8), (98, 5)], asks=STD["asks"], sells=[(100, queue_after + 1)])
+        sim = Simulator(make_tape([row0, row1, row1, row1]), cfg(), "cpu")
+        st = sim.reset(0, 4, start_rows=torch.tensor([0, 0]))
+        sim.step(st, act((LONG, 2, LIMIT_TOUCH, 2), (HOLD, 0, 0, 0)))
+        assert ints(st.order_queue)[0] == queue_after and ints(st.position)[0] == 0 and ints(st.order_remaining)[0] == 3
+        # In (1, 2] sellers print queue + 1 @ 100: the queue trades away and exactly 1 contract fills us.
+        sim.step(st, HOLD_ALL)
+        assert ints(st.position)[0] == 1 and ints(st.order_remaining)[0] == 2 and ints(st.maker_qty)[0] == 1
+
+
 def test_sim_trade_through_or_crossing_opposite_best_fills_the_rest_at_the_limit_price() -> None:
     row0 = dict(STD, sells=[(99, 1)])  # a seller trades 1 @ 99: through our 100 bid
     row1 = dict(bids=[(101, 2), (100, 5), (99, 8)], asks=[(102, 4), (103, 4), (104, 4)])  # best bid 101 crosses 101
