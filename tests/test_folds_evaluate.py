@@ -218,3 +218,23 @@ def test_mid_edge_flags_a_policy_that_sees_the_next_mid_and_not_one_that_sees_no
     m0 = evaluate(_next_move_policy, noise, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=8)).metrics
     assert m0["mid_edge_n"] > 100 and abs(m0["mid_edge_tstat"]) < 2 and abs(m0["mid_hit_rate"] - 0.5) < 0.1
     assert m0["net_pnl"] < m["net_pnl"]
+
+
+@pytest.mark.parametrize("feed", [0, 3])
+def test_evaluation_with_feed_latency_observes_rows_k_behind_the_cursor(market, feed):
+    """SimConfig.feed_latency_steps = k: evaluation acts on the window ending at cursor - k, so over the eval window
+    the policy sees rows START + W - 1 .. STOP - 2 - k (the last k rows' market reaches it too late to matter)."""
+    tape, feats = market
+    seen: list[int] = []
+
+    def recording_policy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
+        match = (feats[None, :, :] == obs[:, -1, None, :]).all(-1)  # (B, T): the row each window ends at
+        rows = match.float().argmax(1)
+        for b, r in enumerate(rows.tolist()):
+            assert torch.equal(obs[b], feats[r - W + 1:r + 1])  # a whole, contiguous window
+        seen.extend(rows.tolist())
+        return _sign_policy(obs, env_state)
+
+    evaluate(recording_policy, feats, tape, dataclasses.replace(SIM, feed_latency_steps=feed), W, START, STOP,
+             n_envs=4)
+    assert min(seen) == START + W - 1 and max(seen) == STOP - 2 - feed

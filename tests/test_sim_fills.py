@@ -325,6 +325,30 @@ def test_sim_env_features_and_equity_on_a_hand_case() -> None:
     assert float(stats["fees"]) == 2.0 and int(stats["limit_orders"]) == 1 and int(stats["actions_short"]) == 1
 
 
+def test_sim_feed_latency_shows_the_market_k_rows_late_but_orders_meet_the_true_book() -> None:
+    rows = [STD, STD, dict(bids=[(102, 5)], asks=[(103, 4)]), dict(bids=[(104, 5)], asks=[(105, 4)]), STD, STD]
+    tape = make_tape(rows)
+    late, now = Simulator(tape, cfg(feed_latency_steps=2), "cpu"), Simulator(tape, cfg(), "cpu")
+    st_late, st_now = late.reset(0, 6, start_rows=torch.tensor([2, 3])), now.reset(0, 6, start_rows=torch.tensor([2, 3]))
+    assert ints(late.obs_rows(st_late)) == [0, 1] and ints(now.obs_rows(st_now)) == [2, 3]
+    acts = act((LONG, 0, MARKET, 0), (HOLD, 0, 0, 0))
+    late.step(st_late, acts)
+    now.step(st_now, acts)
+    # The buy executes at the true book of its cursor row 2 (ask 103) in both: feed latency delays what the agent
+    # sees, not where its order lands. Equity is marked at the true row 3 mid 104.5: +1.5 ticks = 18.75 - 1.0 fee.
+    assert ints(st_late.cash_ticks) == [-103, 0] and ints(st_late.cursor) == [3, 4]
+    assert late.equity(st_late).tolist() == now.equity(st_now).tolist() == [17.75, 0.0]
+    # The agent sees row 1 (mid 100.5): unrealised 100.5 - 103 = -2.5 ticks; without feed latency row 3: +1.5.
+    assert float(late.env_features(st_late)[0, 1]) == pytest.approx(math.tanh(-2.5 / 24))
+    assert float(now.env_features(st_now)[0, 1]) == pytest.approx(math.tanh(1.5 / 24))
+    assert torch.equal(late.env_features(st_late)[:, [0, 2, 3, 4, 5, 6]], now.env_features(st_now)[:, [0, 2, 3, 4, 5, 6]])
+    # Reset keeps the observed row's look-back inside the window: cursors start at window_start + min_history + k.
+    drawn = Simulator(make_tape([STD] * 40), cfg(n_envs=64, feed_latency_steps=3), "cpu").reset(10, 40, min_history=5)
+    assert int(drawn.cursor.min()) == 18 and int(drawn.cursor.max()) <= 38
+    with pytest.raises(ValueError, match="feed_latency_steps=2 leaves no start row"):
+        late.reset(0, 6, min_history=3)
+
+
 def test_sim_reset_offsets_are_deterministic_in_range_and_seeded() -> None:
     tape = make_tape([STD] * 50)
     a = Simulator(tape, cfg(n_envs=64, seed=1), "cpu").reset(10, 50, min_history=5)
@@ -369,10 +393,16 @@ def test_sim_state_dict_resume_continues_identically() -> None:
 def test_sim_config_rejects_bad_values_naming_the_field() -> None:
     for kw, field in ((dict(n_envs=0), "n_envs"), (dict(on_expiry="later"), "on_expiry"),
                       (dict(magnitudes=(0.0, 0.5, 1.0)), "magnitudes"), (dict(taker_fee=float("nan")), "taker_fee"),
-                      (dict(urgency_lifetimes=(0, 1, 2)), "urgency_lifetimes"), (dict(latency_steps=-1), "latency")):
+                      (dict(urgency_lifetimes=(0, 1, 2)), "urgency_lifetimes"), (dict(latency_steps=-1), "latency"),
+                      (dict(order_types=("market", "ioc", "market")), "order_types"),
+                      (dict(order_types=("market", "limit", "fok")), "order_types"),
+                      (dict(order_types=("market", "ioc")), "order_types"),
+                      (dict(marketable_limit_ticks=-1), "marketable_limit_ticks"),
+                      (dict(post_only_ticks=1.5), "post_only_ticks"), (dict(feed_latency_steps=-2), "feed_latency")):
         with pytest.raises(ValueError, match=field):
             SimConfig(**kw)
     assert SimConfig(max_position=6).target_contracts == (2, 4, 6)
+    assert SimConfig(order_types=["post_only", "ioc", "fok"]).order_kind_codes == (5, 3, 4)  # a list from a file
 
 
 def test_sim_refuses_one_sided_or_crossed_books_naming_the_row() -> None:

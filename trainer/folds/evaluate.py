@@ -80,7 +80,7 @@ def _segments(policy: Policy, features: torch.Tensor, sim: Simulator, start_rows
     """(stats after the closing FLAT step, stats before it) of the segment backtests."""
     state = sim.reset(start, stop, min_history=window - 1, start_rows=start_rows)
     for _ in range(steps):
-        obs = _gather(features, state.cursor, window)
+        obs = _gather(features, sim.obs_rows(state), window)
         sim.step(state, policy(obs, sim.env_features(state)))
     policy_stats = {k: float(v) for k, v in sim.stats(state).items()}  # host sync, once per evaluation
     sim.step(state, _flat_all(sim.cfg.n_envs, features.device))  # close what is still open
@@ -121,7 +121,7 @@ def _continuous(policy: Policy, features: torch.Tensor, sim: Simulator, first: i
     sent: list[torch.Tensor] = []  # actions in flight: the continuous pass never re-places its env before the end
     equity[0], position[0] = sim.equity(state)[0], state.position[0]
     for k in range(steps):
-        obs = _gather(features, state.cursor, window)
+        obs = _gather(features, sim.obs_rows(state), window)
         action = policy(obs, sim.env_features(state))
         sent.append(action)
         held[k] = decision_position(sent[k - lag] if k >= lag else None, state.position, target)[0]
@@ -153,7 +153,8 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
     if n_envs is not None:
         cfg = dataclasses.replace(cfg, n_envs=n_envs)
     device = features.device
-    first = start + window - 1  # the first row with a full observation window inside the eval window
+    # The first row whose observed row (cursor - feed latency) has a full observation window inside the eval window.
+    first = start + window - 1 + sim_cfg.feed_latency_steps
     span = stop - 1 - first  # steps a single env can take without reaching the window's last row
     if span < 1:
         raise ValueError(f"eval window [{start}, {stop}) is too short for an observation window of {window}")
