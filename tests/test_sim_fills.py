@@ -147,6 +147,25 @@ def test_sim_post_only_rests_inside_the_spread_and_is_rejected_when_it_would_cro
     assert ints(st.taker_qty) == [0, 0] and ints(st.limit_orders) == [1, 1]
 
 
+def test_sim_unknown_aggressor_trade_inside_the_spread_fills_a_post_only_order_on_the_nearer_side() -> None:
+    from trainer.data.tape import BookSeries, Instrument, MarketTape, TradeSeries
+    from trainer.features.decision import build_decision_tape
+
+    book = BookSeries(ts_ns=np.array([100, 200, 300], np.int64), bid_px=np.full((3, 1), 50, np.int64),
+                      bid_sz=np.full((3, 1), 3, np.int64), ask_px=np.full((3, 1), 54, np.int64),
+                      ask_sz=np.full((3, 1), 2, np.int64))
+    # Prints with no aggressor flag (DBN side 'N') in (100, 200]: 2 @ 51 and 5 @ 53, inside the 50/54 spread.
+    trades = TradeSeries(ts_ns=np.array([150, 160], np.int64), px=np.array([51, 53], np.int64),
+                         size=np.array([2, 5], np.int64), side=np.zeros(2, np.int8))
+    tape = build_decision_tape(MarketTape(Instrument("X", 1.0, 12.5), book, trades, ("tiny",)), np.arange(3), 4)
+    sim = Simulator(tape, cfg(order_types=("market", "limit_touch", "post_only")), "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    sim.step(st, act((LONG, 0, 2, 2), (SHORT, 2, 2, 2)))
+    # Quote rule against 50/54 (mid 52): 51 was a seller, 53 a buyer. Our post-only buy @ 51 (alone at its price)
+    # takes 1 of the 2 sold; our post-only sell of 3 @ 53 takes 3 of the 5 bought. Both as makers.
+    assert ints(st.position) == [1, -3] and ints(st.cash_ticks) == [-51, 159] and ints(st.maker_qty) == [1, 3]
+
+
 def test_sim_limit_queue_is_consumed_first_and_only_excess_fills_then_capped_when_level_shrinks() -> None:
     row0 = dict(STD, sells=[(100, 7)])  # sellers hit 7 @ 100 during (0, 1]
     row1 = dict(bids=[(100, 3), (99, 6), (98, 5)], asks=STD["asks"])
