@@ -434,11 +434,14 @@ def test_sim_refuses_one_sided_or_crossed_books_naming_the_row() -> None:
 
 
 @pytest.mark.gpu
-def test_sim_cuda_matches_cpu_and_steps_under_a_cuda_graph_without_host_syncs() -> None:
+@pytest.mark.parametrize("order_types,feed", [(("market", "limit_touch", "limit_passive"), 0),
+                                              (("ioc", "fok", "post_only"), 2)])
+def test_sim_cuda_matches_cpu_and_steps_under_a_cuda_graph_without_host_syncs(order_types, feed) -> None:
     from trainer.sim.synthetic import random_decision_tape
 
     tape = random_decision_tape(500, levels=10, radius=8, seed=2)
-    config = cfg(n_envs=256, latency_steps=1, on_expiry="market")
+    config = cfg(n_envs=256, latency_steps=1, on_expiry="market", order_types=order_types, feed_latency_steps=feed,
+                 marketable_limit_ticks=1)
     cpu, gpu = Simulator(tape, config, "cpu"), Simulator(tape, config, "cuda")
     sc, sg = cpu.reset(0, 500, 20), gpu.reset(0, 500, 20)
     g = torch.Generator().manual_seed(1)
