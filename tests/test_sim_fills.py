@@ -348,7 +348,8 @@ def test_sim_feed_latency_shows_the_market_k_rows_late_but_orders_meet_the_true_
     rows = [STD, STD, dict(bids=[(102, 5)], asks=[(103, 4)]), dict(bids=[(104, 5)], asks=[(105, 4)]), STD, STD]
     tape = make_tape(rows)
     late, now = Simulator(tape, cfg(feed_latency_steps=2), "cpu"), Simulator(tape, cfg(), "cpu")
-    st_late, st_now = late.reset(0, 6, start_rows=torch.tensor([2, 3])), now.reset(0, 6, start_rows=torch.tensor([2, 3]))
+    starts = torch.tensor([2, 3])
+    st_late, st_now = late.reset(0, 6, start_rows=starts), now.reset(0, 6, start_rows=starts)
     assert ints(late.obs_rows(st_late)) == [0, 1] and ints(now.obs_rows(st_now)) == [2, 3]
     acts = act((LONG, 0, MARKET, 0), (HOLD, 0, 0, 0))
     late.step(st_late, acts)
@@ -360,7 +361,8 @@ def test_sim_feed_latency_shows_the_market_k_rows_late_but_orders_meet_the_true_
     # The agent sees row 1 (mid 100.5): unrealised 100.5 - 103 = -2.5 ticks; without feed latency row 3: +1.5.
     assert float(late.env_features(st_late)[0, 1]) == pytest.approx(math.tanh(-2.5 / 24))
     assert float(now.env_features(st_now)[0, 1]) == pytest.approx(math.tanh(1.5 / 24))
-    assert torch.equal(late.env_features(st_late)[:, [0, 2, 3, 4, 5, 6]], now.env_features(st_now)[:, [0, 2, 3, 4, 5, 6]])
+    own_state = [0, 2, 3, 4, 5, 6]  # position, order side / age / queue / remaining, time in trade: not delayed
+    assert torch.equal(late.env_features(st_late)[:, own_state], now.env_features(st_now)[:, own_state])
     # Reset keeps the observed row's look-back inside the window: cursors start at window_start + min_history + k.
     drawn = Simulator(make_tape([STD] * 40), cfg(n_envs=64, feed_latency_steps=3), "cpu").reset(10, 40, min_history=5)
     assert int(drawn.cursor.min()) == 18 and int(drawn.cursor.max()) <= 38
