@@ -11,7 +11,7 @@ import torch
 
 from trainer.folds.baselines import (OfiRuleConfig, flat_policy, ofi_column, ofi_rule_policy, random_policy,
                                      run_baselines)
-from trainer.folds.evaluate import HEADLINE, EvalConfig, evaluate
+from trainer.folds.evaluate import HEADLINE, EvalConfig, decision_position, evaluate
 from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, SimConfig, Simulator
 from trainer.sim.synthetic import random_decision_tape
 
@@ -238,3 +238,15 @@ def test_evaluation_with_feed_latency_observes_rows_k_behind_the_cursor(market, 
     evaluate(recording_policy, feats, tape, dataclasses.replace(SIM, feed_latency_steps=feed), W, START, STOP,
              n_envs=4)
     assert min(seen) == START + W - 1 and max(seen) == STOP - 2 - feed
+
+
+def test_decision_position_counts_only_the_market_kind_under_other_order_types():
+    """With SimConfig.order_types = ("post_only", "ioc", "fok") choice 0 is a resting POST_ONLY: the position it
+    decides at row t is the one held before it (its fill, if any, comes inside the interval), not the target."""
+    target = torch.tensor(SIM.target_contracts)  # (1, 2, 3) of max_position 3
+    long_choice0 = torch.tensor([[LONG, 2, 0, 0]])
+    default = decision_position(long_choice0, torch.tensor([0]), target)
+    kinds = torch.tensor(SimConfig(order_types=("post_only", "ioc", "fok")).order_kind_codes)
+    assert default.tolist() == [3] and decision_position(long_choice0, torch.tensor([0]), target, kinds).tolist() == [0]
+    market_last = torch.tensor(SimConfig(order_types=("ioc", "fok", "market")).order_kind_codes)
+    assert decision_position(torch.tensor([[SHORT, 0, 2, 0]]), torch.tensor([2]), target, market_last).tolist() == [-1]
