@@ -27,13 +27,14 @@ def reference_decision_tape(tape: MarketTape, rows: np.ndarray, radius: int) -> 
         if t is None or size <= 0:
             continue
         r = rows[t]
-        if side == 0:
-            if b.bid_sz[r, 0] > 0 and px <= b.bid_px[r, 0]:
-                side = -1
-            elif b.ask_sz[r, 0] > 0 and px >= b.ask_px[r, 0]:
-                side = 1
-            else:
+        if side == 0:  # quote rule against the last book row strictly before the trade; at the mid: dropped
+            before = [i for i in range(len(b.ts_ns)) if b.ts_ns[i] < x]
+            if not before or b.bid_sz[before[-1], 0] <= 0 or b.ask_sz[before[-1], 0] <= 0:
                 continue
+            twice_mid = int(b.bid_px[before[-1], 0]) + int(b.ask_px[before[-1], 0])
+            if 2 * px == twice_mid:
+                continue
+            side = 1 if 2 * px > twice_mid else -1
         k = px - int(b.bid_px[r, 0]) + radius
         if side == -1:
             sell_min[t] = min(sell_min[t], px)
@@ -78,12 +79,13 @@ def test_hand_checked_tiny_tape():
     tape = MarketTape(Instrument("X", 1.0, 1.0), book, trades, ("tiny",))
     d = build_decision_tape(tape, np.array([0, 2, 3]), radius=2)
     # t=0 covers (100, 300]: ts=100 trade belongs to no interval; 150@50 unknown vs bid 50 -> sell bucket 2;
-    # 160@52 unknown vs ask 52 -> buy bucket 4; 170@51 inside the spread -> ignored; 300@60 buy, off grid.
+    # 160@52 unknown vs ask 52 -> buy bucket 4; 170@51 at the mid of 50/52 -> unresolved, left out; 300@60 buy,
+    # off grid.
     assert d.sell_vol.tolist()[0] == [0, 0, 2, 0, 0]
     assert d.buy_vol.tolist()[0] == [0, 0, 0, 0, 3]
     assert d.sell_min_px[0] == 50 and d.buy_max_px[0] == 60
     # t=1 (anchor 51) covers (300, 400]: 301@45 sell off grid; 350@51 unknown at bid 51 -> sell bucket 2;
-    # 400@53 unknown at ask 53 -> buy bucket 4.
+    # 400@53 unknown at ask 53 of the book prevailing before ts 400 (row 2, 51/53) -> buy bucket 4.
     assert d.sell_vol.tolist()[1] == [0, 0, 1, 0, 0]
     assert d.buy_vol.tolist()[1] == [0, 0, 0, 0, 8]
     assert d.sell_min_px[1] == 45 and d.buy_max_px[1] == 53
@@ -92,6 +94,32 @@ def test_hand_checked_tiny_tape():
     assert d.sell_min_px[2] == NO_SELL_PX and d.buy_max_px[2] == NO_BUY_PX
     assert d.anchor_px.tolist() == [50, 51, 49] and d.trade_radius_ticks == 2 and d.tick_value == 1.0
     _assert_matches_reference(tape, np.array([0, 2, 3]), 2)
+
+
+def test_unknown_aggressor_trades_inside_the_spread_go_to_the_nearer_side_of_the_prevailing_book():
+    # Decisions at book rows 0 and 2 (ts 100, 300); the book between them moves at ts 200: 50/54 -> 56/60.
+    book = BookSeries(
+        ts_ns=np.array([100, 200, 300], np.int64),
+        bid_px=np.array([[50], [56], [56]], np.int64), bid_sz=np.array([[3], [3], [3]], np.int64),
+        ask_px=np.array([[54], [60], [60]], np.int64), ask_sz=np.array([[2], [2], [2]], np.int64),
+    )
+    trades = TradeSeries(  # all with unknown aggressor, all in the interval (100, 300] of decision 0
+        ts_ns=np.array([110, 120, 130, 200, 250, 260], np.int64),
+        px=np.array([51, 53, 52, 53, 57, 58], np.int64),
+        size=np.array([1, 2, 4, 8, 16, 32], np.int64),
+        side=np.zeros(6, np.int8),
+    )
+    tape = MarketTape(Instrument("X", 1.0, 1.0), book, trades, ("tiny",))
+    d = build_decision_tape(tape, np.array([0, 2]), radius=8)  # anchor 50: bucket = px - 50 + 8
+    # Against 50/54 (mid 52): 51 -> sell, 53 -> buy, 52 at the mid -> left out. ts 200 is still priced against the
+    # row before it (50/54): 53 -> buy. Against 56/60 (mid 58) from ts 200 on: 57 -> sell, 58 at the mid -> left out
+    # (against the decision's own book 50/54 the 57 would have been a buy: the prevailing book decides).
+    sells, buys = np.zeros(17, np.int64), np.zeros(17, np.int64)
+    sells[51 - 50 + 8], sells[57 - 50 + 8] = 1, 16
+    buys[53 - 50 + 8] = 2 + 8
+    assert d.sell_vol[0].tolist() == sells.tolist() and d.buy_vol[0].tolist() == buys.tolist()
+    assert d.sell_min_px[0] == 51 and d.buy_max_px[0] == 53
+    _assert_matches_reference(tape, np.array([0, 2]), 8)
 
 
 @pytest.mark.parametrize("seed", range(4))

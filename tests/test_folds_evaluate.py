@@ -11,7 +11,7 @@ import torch
 
 from trainer.folds.baselines import (OfiRuleConfig, flat_policy, ofi_column, ofi_rule_policy, random_policy,
                                      run_baselines)
-from trainer.folds.evaluate import HEADLINE, EvalConfig, evaluate
+from trainer.folds.evaluate import HEADLINE, EvalConfig, decision_position, evaluate
 from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, SimConfig, Simulator
 from trainer.sim.synthetic import random_decision_tape
 
@@ -218,3 +218,35 @@ def test_mid_edge_flags_a_policy_that_sees_the_next_mid_and_not_one_that_sees_no
     m0 = evaluate(_next_move_policy, noise, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=8)).metrics
     assert m0["mid_edge_n"] > 100 and abs(m0["mid_edge_tstat"]) < 2 and abs(m0["mid_hit_rate"] - 0.5) < 0.1
     assert m0["net_pnl"] < m["net_pnl"]
+
+
+@pytest.mark.parametrize("feed", [0, 3])
+def test_evaluation_with_feed_latency_observes_rows_k_behind_the_cursor(market, feed):
+    """SimConfig.feed_latency_steps = k: evaluation acts on the window ending at cursor - k, so over the eval window
+    the policy sees rows START + W - 1 .. STOP - 2 - k (the last k rows' market reaches it too late to matter)."""
+    tape, feats = market
+    seen: list[int] = []
+
+    def recording_policy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
+        match = (feats[None, :, :] == obs[:, -1, None, :]).all(-1)  # (B, T): the row each window ends at
+        rows = match.float().argmax(1)
+        for b, r in enumerate(rows.tolist()):
+            assert torch.equal(obs[b], feats[r - W + 1:r + 1])  # a whole, contiguous window
+        seen.extend(rows.tolist())
+        return _sign_policy(obs, env_state)
+
+    evaluate(recording_policy, feats, tape, dataclasses.replace(SIM, feed_latency_steps=feed), W, START, STOP,
+             n_envs=4)
+    assert min(seen) == START + W - 1 and max(seen) == STOP - 2 - feed
+
+
+def test_decision_position_counts_only_the_market_kind_under_other_order_types():
+    """With SimConfig.order_types = ("post_only", "ioc", "fok") choice 0 is a resting POST_ONLY: the position it
+    decides at row t is the one held before it (its fill, if any, comes inside the interval), not the target."""
+    target = torch.tensor(SIM.target_contracts)  # (1, 2, 3) of max_position 3
+    long_choice0 = torch.tensor([[LONG, 2, 0, 0]])
+    default = decision_position(long_choice0, torch.tensor([0]), target)
+    kinds = torch.tensor(SimConfig(order_types=("post_only", "ioc", "fok")).order_kind_codes)
+    assert default.tolist() == [3] and decision_position(long_choice0, torch.tensor([0]), target, kinds).tolist() == [0]
+    market_last = torch.tensor(SimConfig(order_types=("ioc", "fok", "market")).order_kind_codes)
+    assert decision_position(torch.tensor([[SHORT, 0, 2, 0]]), torch.tensor([2]), target, market_last).tolist() == [-1]

@@ -221,3 +221,38 @@ def test_step_metrics_sum_each_statistic_into_its_named_slot():
     assert got == {"loss": 1.0, "q_mean": -2.0, "grad_norm": 3.0, "lr": 0.001, "clip": 10.0, "tau": 0.005,
                    "reward": 1.0}
     assert dict(zip(StepMetrics.NAMES, (metrics.sums / metrics.count).tolist()))["reward"] == 1.0  # the log line's view
+
+
+def test_feed_latency_gives_the_agent_the_undelayed_observation_k_rows_late():
+    """SimConfig.feed_latency_steps = k: at cursor c the agent acts on the k = 0 observation of row c - k, and the
+    replay stores those delayed rows (`Simulator.obs_rows`), for the act and for the n-step bootstrap."""
+    rows, k = 400, 3
+
+    def trainer(feed: int) -> FoldTrainer:
+        cfg = preset("smoke").replace(sim={"n_envs": 8, "seed": 0, "feed_latency_steps": feed},
+                                      agent={"batch_size": 32, "window": 8, "d_model": 16},
+                                      loop={"device": "cpu", "seed": 0, "learning_starts": 8, "n_steps": 40})
+        tape = random_decision_tape(rows, levels=10, radius=16, seed=0)
+        features = np.random.default_rng(0).standard_normal((rows, 23)).astype(np.float32)
+        return FoldTrainer(cfg, features, tape, Window(0, rows), fold=0)
+
+    now, late = trainer(0), trainer(k)
+    start = now.state.cursor.clamp(max=rows - 2 - 2 * k)  # room for the shift and for two steps
+    now.state.cursor.copy_(start)
+    late.state.cursor.copy_(start + k)
+    seen: dict[str, list[torch.Tensor]] = {"now": [], "late": []}
+    pushed: list[tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = []
+    for name, t in (("now", now), ("late", late)):
+        act = t.learner.act
+        t.learner.act = lambda obs, env_state, explore, _a=act, _s=seen[name]: _s.append(obs.clone()) or _a(
+            obs, env_state, explore=explore)
+    push = late.step_fn.nstep.push
+    late.step_fn.nstep.push = lambda row, *a, _p=push, **kw: pushed.append((row.clone(), a[4].clone())) or _p(
+        row, *a, **kw)
+    before = late.state.cursor.clone()
+    now.step_fn.act_and_store()
+    late.step_fn.act_and_store()
+    assert torch.equal(seen["late"][0], seen["now"][0])  # (n_envs, W, F): the window ending at row c - k
+    assert torch.equal(seen["late"][0], gather_windows(late.features, before - k, 8))
+    row, next_row = pushed[0]
+    assert torch.equal(row, before - k) and torch.equal(next_row, late.state.cursor - k)

@@ -27,9 +27,17 @@ def _assert_same_state(got: dict, want: dict) -> None:
             assert torch.equal(g, w), key
 
 
-def _compare(device: str, n_envs: int, steps: int, graph: bool) -> None:
+# The default order kinds, and the marketable-limit kinds with feed latency (a different set of kernels).
+CONFIGS = {
+    "default": {},
+    "ioc_fok_post_only": {"order_types": ("ioc", "post_only", "fok"), "marketable_limit_ticks": 1,
+                          "post_only_ticks": 1, "feed_latency_steps": 2, "max_position": 9},
+}
+
+
+def _compare(device: str, n_envs: int, steps: int, graph: bool, extra: dict) -> None:
     tape = random_decision_tape(600, levels=10, radius=8, seed=5)
-    config = SimConfig(n_envs=n_envs, latency_steps=1, on_expiry="market", seed=3)
+    config = SimConfig(n_envs=n_envs, latency_steps=1, on_expiry="market", seed=3, **extra)
     eager, compiled = Simulator(tape, config, device), Simulator(tape, config, device)
     se, sc = eager.reset(0, 600, 20), compiled.reset(0, 600, 20)
     step = torch.compile(compiled.step, dynamic=False)
@@ -53,13 +61,17 @@ def _compare(device: str, n_envs: int, steps: int, graph: bool) -> None:
         assert torch.equal(got.done, want.done) and torch.equal(got.truncated, want.truncated)
     _assert_same_state(sc.state_dict(), se.state_dict())
     assert se.action_counts.sum().item() == n_envs * steps  # the trajectory really ran
+    if extra:
+        assert se.rejected_orders.sum().item() > 0 and se.market_orders.sum().item() > 0  # the new kinds really ran
 
 
 @pytest.mark.slow
-def test_sim_compiled_step_matches_eager_trajectory_on_cpu():
-    _compare("cpu", n_envs=64, steps=40, graph=False)
+@pytest.mark.parametrize("kinds", CONFIGS)
+def test_sim_compiled_step_matches_eager_trajectory_on_cpu(kinds):
+    _compare("cpu", n_envs=64, steps=40, graph=False, extra=CONFIGS[kinds])
 
 
 @pytest.mark.gpu
-def test_sim_compiled_step_matches_eager_trajectory_on_cuda_under_a_cuda_graph():
-    _compare("cuda", n_envs=1024, steps=60, graph=True)
+@pytest.mark.parametrize("kinds", CONFIGS)
+def test_sim_compiled_step_matches_eager_trajectory_on_cuda_under_a_cuda_graph(kinds):
+    _compare("cuda", n_envs=1024, steps=60, graph=True, extra=CONFIGS[kinds])

@@ -89,6 +89,83 @@ def test_sim_market_order_walks_levels_and_prices_beyond_visible_depth() -> None
     assert ints(st.time_in_trade) == [1, 2]
 
 
+def test_sim_ioc_walks_the_book_only_up_to_its_limit_price_and_cancels_the_rest() -> None:
+    thin = dict(bids=[(100, 5), (99, 5), (98, 5)], asks=[(101, 1), (102, 1)])  # only 2 ask levels visible
+    tape = make_tape([STD, STD, STD])
+    config = cfg(max_position=9, order_types=("ioc", "fok", "post_only"), marketable_limit_ticks=1)  # targets 3/6/9
+    sim = Simulator(tape, config, "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    out = sim.step(st, act((LONG, 2, 0, 0), (SHORT, 0, 0, 0)))
+    # env0 buys 9 with limit 101 + 1 = 102: takes 4 @ 101 + 4 @ 102 = 812 and stops (103 is beyond the limit); the
+    # 9th contract is cancelled. env1 sells 3 with limit 100 - 1 = 99: all 3 @ 100 (the best bid shows 5).
+    assert ints(st.position) == [8, -3] and ints(st.cash_ticks) == [-812, 300] and ints(out.filled_qty) == [8, -3]
+    assert ints(st.taker_qty) == [8, 3] and ints(st.market_orders) == [1, 1] and ints(st.rejected_orders) == [0, 0]
+    assert ints(st.order_side) == [0, 0] and ints(st.limit_orders) == [0, 0]  # nothing rests
+    # Never past the visible depth: a limit 5 ticks through the ask of a 2-level book takes those 2 contracts only
+    # (a MARKET order would fill its 3rd contract at 102 + beyond_depth_ticks).
+    sim = Simulator(make_tape([thin] * 3), cfg(order_types=("ioc", "fok", "post_only"), marketable_limit_ticks=5),
+                    "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    sim.step(st, act((LONG, 2, 0, 0), (LONG, 0, 0, 0)))
+    assert ints(st.position) == [2, 1] and ints(st.cash_ticks) == [-203, -101]
+    # With marketable_limit_ticks = 0 only the best level is taken: 1 @ 101, then nothing is left within the limit.
+    sim = Simulator(make_tape([thin] * 3), cfg(order_types=("ioc", "fok", "post_only")), "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    sim.step(st, act((LONG, 2, 0, 0), (SHORT, 2, 0, 0)))
+    assert ints(st.position) == [1, -3] and ints(st.cash_ticks) == [-101, 300]
+
+
+def test_sim_fok_fills_completely_within_its_limit_or_not_at_all() -> None:
+    sim = Simulator(make_tape([STD] * 3), cfg(max_position=9, order_types=("ioc", "fok", "post_only"),
+                                              marketable_limit_ticks=1), "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    out = sim.step(st, act((LONG, 2, 1, 0), (LONG, 1, 1, 0)))
+    # Limit 102 leaves 4 + 4 = 8 contracts in reach. env0 wants 9 > 8: killed, nothing fills, no fee.
+    # env1 wants 6 <= 8: 4 @ 101 + 2 @ 102 = 608.
+    assert ints(st.position) == [0, 6] and ints(st.cash_ticks) == [0, -608] and out.fees.tolist() == [0.0, 6.0]
+    assert ints(st.rejected_orders) == [1, 0] and ints(st.market_orders) == [1, 1] and ints(st.order_side) == [0, 0]
+    assert int(sim.stats(st)["rejected_orders"]) == 1
+
+
+def test_sim_post_only_rests_inside_the_spread_and_is_rejected_when_it_would_cross() -> None:
+    wide = dict(bids=[(100, 5), (99, 8), (98, 5)], asks=[(103, 4), (104, 4), (105, 4)], sells=[(101, 2)])
+    sim = Simulator(make_tape([wide, STD, STD, STD]), cfg(order_types=("market", "limit_touch", "post_only")), "cpu")
+    st = sim.reset(0, 4, start_rows=torch.tensor([0, 0]))
+    out = sim.step(st, act((LONG, 0, 2, 2), (SHORT, 0, 2, 2)))
+    # Spread 100/103: env0 rests a buy @ 100 + 1 = 101, env1 a sell @ 103 - 1 = 102, both alone at a new price
+    # (queue 0). Sellers print 2 @ 101 in (0, 1]: env0 fills 1 @ 101 as a maker. env1 keeps working; row 1 shows 4
+    # @ 102 on the ask, which joined behind it (queue stays 0).
+    assert ints(st.position) == [1, 0] and ints(st.maker_qty) == [1, 0] and ints(st.cash_ticks) == [-101, 0]
+    assert ints(st.order_side) == [0, -1] and ints(st.order_px) == [0, 102] and ints(st.order_queue) == [0, 0]
+    assert ints(st.limit_orders) == [1, 1] and ints(st.rejected_orders) == [0, 0]
+    # Mark at row 1's mid 100.5: -101 + 100.5 = -0.5 tick = -6.25, minus one 0.5 maker fee.
+    assert out.reward.tolist() == [-6.75, 0.0]
+    sim.step(st, act((FLAT, 0, 2, 2), (SHORT, 1, 2, 2)))
+    # Row 1 has a one-tick spread 100/101: a sell post-only @ 101 - 1 = 100 would hit the bid -> rejected. env0 keeps
+    # its long; env1's new instruction still cancels its working sell @ 102 and places nothing.
+    assert ints(st.position) == [1, 0] and ints(st.order_side) == [0, 0] and ints(st.rejected_orders) == [1, 1]
+    assert ints(st.taker_qty) == [0, 0] and ints(st.limit_orders) == [1, 1]
+
+
+def test_sim_unknown_aggressor_trade_inside_the_spread_fills_a_post_only_order_on_the_nearer_side() -> None:
+    from trainer.data.tape import BookSeries, Instrument, MarketTape, TradeSeries
+    from trainer.features.decision import build_decision_tape
+
+    book = BookSeries(ts_ns=np.array([100, 200, 300], np.int64), bid_px=np.full((3, 1), 50, np.int64),
+                      bid_sz=np.full((3, 1), 3, np.int64), ask_px=np.full((3, 1), 54, np.int64),
+                      ask_sz=np.full((3, 1), 2, np.int64))
+    # Prints with no aggressor flag (DBN side 'N') in (100, 200]: 2 @ 51 and 5 @ 53, inside the 50/54 spread.
+    trades = TradeSeries(ts_ns=np.array([150, 160], np.int64), px=np.array([51, 53], np.int64),
+                         size=np.array([2, 5], np.int64), side=np.zeros(2, np.int8))
+    tape = build_decision_tape(MarketTape(Instrument("X", 1.0, 12.5), book, trades, ("tiny",)), np.arange(3), 4)
+    sim = Simulator(tape, cfg(order_types=("market", "limit_touch", "post_only")), "cpu")
+    st = sim.reset(0, 3, start_rows=torch.tensor([0, 0]))
+    sim.step(st, act((LONG, 0, 2, 2), (SHORT, 2, 2, 2)))
+    # Quote rule against 50/54 (mid 52): 51 was a seller, 53 a buyer. Our post-only buy @ 51 (alone at its price)
+    # takes 1 of the 2 sold; our post-only sell of 3 @ 53 takes 3 of the 5 bought. Both as makers.
+    assert ints(st.position) == [1, -3] and ints(st.cash_ticks) == [-51, 159] and ints(st.maker_qty) == [1, 3]
+
+
 def test_sim_limit_queue_is_consumed_first_and_only_excess_fills_then_capped_when_level_shrinks() -> None:
     row0 = dict(STD, sells=[(100, 7)])  # sellers hit 7 @ 100 during (0, 1]
     row1 = dict(bids=[(100, 3), (99, 6), (98, 5)], asks=STD["asks"])
@@ -102,6 +179,41 @@ def test_sim_limit_queue_is_consumed_first_and_only_excess_fills_then_capped_whe
     assert ints(st.limit_orders) == [1, 1] and ints(st.order_age) == [1, 1]
     # env0 equity: -200 + 2 x 100.5 = 1 tick = 12.5, minus 2 maker fees of 0.5 -> 11.5.
     assert out.reward.tolist() == [11.5, 0.0]
+
+
+def test_sim_depth_increase_at_our_price_never_moves_us_forward_in_the_queue() -> None:
+    # Our buy @ 100 joins 5 ahead at row 0. Row 1 shows 100 with 5 (unchanged) or 50 (45 joined, behind us);
+    # sellers print 6 @ 100 in (1, 2]. Either way 5 trade ahead of us and the 6th fills us: the increase neither
+    # helps (queue < 5) nor hurts (queue := 50, no fill).
+    results = []
+    for shown in (5, 50):
+        row1 = dict(bids=[(100, shown), (99, 8), (98, 5)], asks=STD["asks"], sells=[(100, 6)])
+        sim = Simulator(make_tape([STD, row1, STD, STD]), cfg(), "cpu")
+        st = sim.reset(0, 4, start_rows=torch.tensor([0, 0]))
+        sim.step(st, act((LONG, 0, LIMIT_TOUCH, 2), (LONG, 1, LIMIT_TOUCH, 2)))
+        assert ints(st.order_queue) == [5, 5]
+        sim.step(st, HOLD_ALL)
+        # env0 (1 contract) filled by the 6th; env1 (2 contracts) got 1 of them and keeps working with nobody ahead.
+        assert ints(st.position) == [1, 1] and ints(st.order_remaining) == [0, 1] and ints(st.order_queue) == [0, 0]
+        results.append({k: v.clone() for k, v in st.state_dict().items()})
+    assert all(torch.equal(results[0][k], results[1][k]) for k in results[0])
+
+
+def test_sim_trade_at_our_price_and_the_depth_drop_it_causes_count_once() -> None:
+    # Buy 3 @ 100 behind 5. Sellers print 3 @ 100 in (0, 1], so row 1 shows 5 - 3 = 2 at 100: the same 3 contracts,
+    # seen once as trades and once as a smaller level. Queue 5 - 3 = 2, capped at min(2, 2) = 2; no fill (counting
+    # both would leave 5 - 3 - 3 < 0 ahead and fill us). With one more cancelled (row 1 shows 1), the cap applies
+    # the extra drop only: queue 1.
+    for shown, queue_after in ((2, 2), (1, 1)):
+        row0 = dict(STD, sells=[(100, 3)])
+        row1 = dict(bids=[(100, shown), (99, 8), (98, 5)], asks=STD["asks"], sells=[(100, queue_after + 1)])
+        sim = Simulator(make_tape([row0, row1, row1, row1]), cfg(), "cpu")
+        st = sim.reset(0, 4, start_rows=torch.tensor([0, 0]))
+        sim.step(st, act((LONG, 2, LIMIT_TOUCH, 2), (HOLD, 0, 0, 0)))
+        assert ints(st.order_queue)[0] == queue_after and ints(st.position)[0] == 0 and ints(st.order_remaining)[0] == 3
+        # In (1, 2] sellers print queue + 1 @ 100: the queue trades away and exactly 1 contract fills us.
+        sim.step(st, HOLD_ALL)
+        assert ints(st.position)[0] == 1 and ints(st.order_remaining)[0] == 2 and ints(st.maker_qty)[0] == 1
 
 
 def test_sim_trade_through_or_crossing_opposite_best_fills_the_rest_at_the_limit_price() -> None:
@@ -232,6 +344,32 @@ def test_sim_env_features_and_equity_on_a_hand_case() -> None:
     assert float(stats["fees"]) == 2.0 and int(stats["limit_orders"]) == 1 and int(stats["actions_short"]) == 1
 
 
+def test_sim_feed_latency_shows_the_market_k_rows_late_but_orders_meet_the_true_book() -> None:
+    rows = [STD, STD, dict(bids=[(102, 5)], asks=[(103, 4)]), dict(bids=[(104, 5)], asks=[(105, 4)]), STD, STD]
+    tape = make_tape(rows)
+    late, now = Simulator(tape, cfg(feed_latency_steps=2), "cpu"), Simulator(tape, cfg(), "cpu")
+    starts = torch.tensor([2, 3])
+    st_late, st_now = late.reset(0, 6, start_rows=starts), now.reset(0, 6, start_rows=starts)
+    assert ints(late.obs_rows(st_late)) == [0, 1] and ints(now.obs_rows(st_now)) == [2, 3]
+    acts = act((LONG, 0, MARKET, 0), (HOLD, 0, 0, 0))
+    late.step(st_late, acts)
+    now.step(st_now, acts)
+    # The buy executes at the true book of its cursor row 2 (ask 103) in both: feed latency delays what the agent
+    # sees, not where its order lands. Equity is marked at the true row 3 mid 104.5: +1.5 ticks = 18.75 - 1.0 fee.
+    assert ints(st_late.cash_ticks) == [-103, 0] and ints(st_late.cursor) == [3, 4]
+    assert late.equity(st_late).tolist() == now.equity(st_now).tolist() == [17.75, 0.0]
+    # The agent sees row 1 (mid 100.5): unrealised 100.5 - 103 = -2.5 ticks; without feed latency row 3: +1.5.
+    assert float(late.env_features(st_late)[0, 1]) == pytest.approx(math.tanh(-2.5 / 24))
+    assert float(now.env_features(st_now)[0, 1]) == pytest.approx(math.tanh(1.5 / 24))
+    own_state = [0, 2, 3, 4, 5, 6]  # position, order side / age / queue / remaining, time in trade: not delayed
+    assert torch.equal(late.env_features(st_late)[:, own_state], now.env_features(st_now)[:, own_state])
+    # Reset keeps the observed row's look-back inside the window: cursors start at window_start + min_history + k.
+    drawn = Simulator(make_tape([STD] * 40), cfg(n_envs=64, feed_latency_steps=3), "cpu").reset(10, 40, min_history=5)
+    assert int(drawn.cursor.min()) == 18 and int(drawn.cursor.max()) <= 38
+    with pytest.raises(ValueError, match="feed_latency_steps=2 leaves no start row"):
+        late.reset(0, 6, min_history=3)
+
+
 def test_sim_reset_offsets_are_deterministic_in_range_and_seeded() -> None:
     tape = make_tape([STD] * 50)
     a = Simulator(tape, cfg(n_envs=64, seed=1), "cpu").reset(10, 50, min_history=5)
@@ -276,10 +414,16 @@ def test_sim_state_dict_resume_continues_identically() -> None:
 def test_sim_config_rejects_bad_values_naming_the_field() -> None:
     for kw, field in ((dict(n_envs=0), "n_envs"), (dict(on_expiry="later"), "on_expiry"),
                       (dict(magnitudes=(0.0, 0.5, 1.0)), "magnitudes"), (dict(taker_fee=float("nan")), "taker_fee"),
-                      (dict(urgency_lifetimes=(0, 1, 2)), "urgency_lifetimes"), (dict(latency_steps=-1), "latency")):
+                      (dict(urgency_lifetimes=(0, 1, 2)), "urgency_lifetimes"), (dict(latency_steps=-1), "latency"),
+                      (dict(order_types=("market", "ioc", "market")), "order_types"),
+                      (dict(order_types=("market", "limit", "fok")), "order_types"),
+                      (dict(order_types=("market", "ioc")), "order_types"),
+                      (dict(marketable_limit_ticks=-1), "marketable_limit_ticks"),
+                      (dict(post_only_ticks=1.5), "post_only_ticks"), (dict(feed_latency_steps=-2), "feed_latency")):
         with pytest.raises(ValueError, match=field):
             SimConfig(**kw)
     assert SimConfig(max_position=6).target_contracts == (2, 4, 6)
+    assert SimConfig(order_types=["post_only", "ioc", "fok"]).order_kind_codes == (5, 3, 4)  # a list from a file
 
 
 def test_sim_refuses_one_sided_or_crossed_books_naming_the_row() -> None:
@@ -292,11 +436,14 @@ def test_sim_refuses_one_sided_or_crossed_books_naming_the_row() -> None:
 
 
 @pytest.mark.gpu
-def test_sim_cuda_matches_cpu_and_steps_under_a_cuda_graph_without_host_syncs() -> None:
+@pytest.mark.parametrize("order_types,feed", [(("market", "limit_touch", "limit_passive"), 0),
+                                              (("ioc", "fok", "post_only"), 2)])
+def test_sim_cuda_matches_cpu_and_steps_under_a_cuda_graph_without_host_syncs(order_types, feed) -> None:
     from trainer.sim.synthetic import random_decision_tape
 
     tape = random_decision_tape(500, levels=10, radius=8, seed=2)
-    config = cfg(n_envs=256, latency_steps=1, on_expiry="market")
+    config = cfg(n_envs=256, latency_steps=1, on_expiry="market", order_types=order_types, feed_latency_steps=feed,
+                 marketable_limit_ticks=1)
     cpu, gpu = Simulator(tape, config, "cpu"), Simulator(tape, config, "cuda")
     sc, sg = cpu.reset(0, 500, 20), gpu.reset(0, 500, 20)
     g = torch.Generator().manual_seed(1)

@@ -1,6 +1,7 @@
 """Property tests: the vectorised Simulator and the plain-Python ReferenceSimulator give identical
 trajectories (positions, orders, fills, fees, rewards, statistics) for random actions on random slices of
-random, real (LOBSTER AMZN) and synthetic (trainer.data.synth) decision tapes."""
+random, real (LOBSTER AMZN) and synthetic (trainer.data.synth) decision tapes, with the default order kinds and
+with the marketable-limit kinds (IOC / FOK / POST_ONLY) and feed latency."""
 from __future__ import annotations
 
 import numpy as np
@@ -40,6 +41,7 @@ _INT_FIELDS = {
     "limit_filled": lambda e: e.limit_filled,
     "market_orders": lambda e: e.market_orders,
     "expired_orders": lambda e: e.expired_orders,
+    "rejected_orders": lambda e: e.rejected_orders,
 }
 
 
@@ -81,7 +83,8 @@ def run_sim_vs_reference(tape: DecisionTape, cfg: SimConfig, window: tuple[int, 
     assert int(stats["wins"]) == sum(e.wins for e in ref.envs)
     return {"round_trips": int(stats["round_trips"]), "resets": int(st.reset_count.sum()),
             "limit_fills": int(st.limit_filled.sum()), "expired": int(st.expired_orders.sum()),
-            "maker": int(st.maker_qty.sum()), "taker": int(st.taker_qty.sum())}
+            "maker": int(st.maker_qty.sum()), "taker": int(st.taker_qty.sum()),
+            "rejected": int(st.rejected_orders.sum()), "market_orders": int(st.market_orders.sum())}
 
 
 def _assert_rich(counts: dict[str, int]) -> None:
@@ -101,6 +104,26 @@ def test_sim_matches_reference_on_random_tape(latency: int, on_expiry: str, beyo
     counts = run_sim_vs_reference(tape, cfg, window=(40, 130), min_history=10, n_steps=150, action_seed=latency)
     _assert_rich(counts)
     assert counts["expired"] > 0
+
+
+@pytest.mark.parametrize(
+    "order_types,marketable,post_only,latency,feed",
+    [(("ioc", "limit_touch", "post_only"), 1, 1, 0, 0),
+     (("fok", "post_only", "limit_passive"), 2, 2, 1, 3),
+     (("post_only", "ioc", "fok"), 0, 0, 2, 1),
+     (("market", "fok", "ioc"), 0, 1, 0, 2)],
+)
+def test_sim_matches_reference_with_marketable_limit_kinds_and_feed_latency(
+        order_types: tuple[str, str, str], marketable: int, post_only: int, latency: int, feed: int) -> None:
+    tape = random_decision_tape(400, levels=4, radius=3, seed=17 + latency)
+    cfg = SimConfig(n_envs=24, max_position=9, latency_steps=latency, on_expiry="market", urgency_lifetimes=(1, 3, 8),
+                    maker_fee=0.35, taker_fee=1.1, seed=6, order_types=order_types,
+                    marketable_limit_ticks=marketable, post_only_ticks=post_only, feed_latency_steps=feed)
+    counts = run_sim_vs_reference(tape, cfg, window=(40, 130), min_history=10, n_steps=150, action_seed=31 + feed)
+    for key in ("round_trips", "resets", "taker", "market_orders", "rejected"):
+        assert counts[key] > 0, f"random run never produced any {key}: {counts}"
+    if any(k in order_types for k in ("limit_touch", "limit_passive", "post_only")):
+        assert counts["limit_fills"] > 0 and counts["maker"] > 0, counts
 
 
 def _decision_tape_for(spec: str, clock_events: int, radius: int, work_dir=None) -> DecisionTape:
@@ -130,6 +153,19 @@ def test_sim_matches_reference_on_random_slices_of_real_lobster_tape(lobster_dec
     counts = run_sim_vs_reference(lobster_decisions, cfg, window=(start, start + 120), min_history=5, n_steps=120,
                                   action_seed=100 + seed)
     _assert_rich(counts)
+
+
+def test_sim_matches_reference_with_marketable_limit_kinds_on_real_lobster_tape(
+        lobster_decisions: DecisionTape) -> None:
+    rng = np.random.default_rng(5)
+    start = int(rng.integers(0, len(lobster_decisions) - 400))
+    # AMZN spreads are 5-23 ticks (5th-95th percentile): a post-only 10 ticks in front crosses now and then.
+    cfg = SimConfig(n_envs=16, max_position=9, latency_steps=1, order_types=("ioc", "post_only", "fok"),
+                    marketable_limit_ticks=2, post_only_ticks=10, feed_latency_steps=2, urgency_lifetimes=(1, 4, 12))
+    counts = run_sim_vs_reference(lobster_decisions, cfg, window=(start, start + 120), min_history=5, n_steps=120,
+                                  action_seed=77)
+    for key in ("round_trips", "resets", "limit_fills", "maker", "taker", "rejected"):
+        assert counts[key] > 0, f"random run never produced any {key}: {counts}"
 
 
 def test_sim_matches_reference_on_random_slices_of_synthetic_tape(tmp_path) -> None:

@@ -38,7 +38,7 @@ from trainer.features.config import FeatureConfig
 from trainer.features.decision import DecisionTape
 from trainer.fsutil import publish_directory, write_durably
 
-FEATURE_CODE_VERSION = 1
+FEATURE_CODE_VERSION = 2  # 2: DecisionTape classifies unknown-aggressor trades inside the spread (trade_signs)
 """Bump whenever clock, DecisionTape builder or feature code changes what it computes: old entries then miss."""
 MANIFEST_FORMAT = 1
 TMP_PREFIX = ".tmp-"

@@ -14,11 +14,11 @@ from dataclasses import dataclass
 from trainer.jit import njit
 import numpy as np
 
-from trainer.data.tape import BUY, SELL, UNKNOWN, Instrument, MarketTape
+from trainer.data.tape import Instrument, MarketTape
 from trainer.errors import InputError
 from trainer.features.clock import decision_rows
 from trainer.features.config import FeatureConfig
-from trainer.features.decision import DecisionTape, build_decision_tape
+from trainer.features.decision import DecisionTape, build_decision_tape, trade_signs
 
 NS_PER_DAY = 86_400 * 1_000_000_000
 CLIP = 10.0  # normalised features are clipped to +-CLIP standard deviations
@@ -81,26 +81,6 @@ def _ofi_between_decisions(bid_px, bid_sz, ask_px, ask_sz, rows, n_levels):  # p
     return out
 
 
-def _trade_signs(tape: MarketTape) -> np.ndarray:
-    """(m,) int64 aggressor sign per trade; UNKNOWN resolved by the prevailing book (tick rule vs mid).
-
-    The prevailing book is the last row strictly before the trade's timestamp (a row at the same
-    instant may already include the trade's effect). Above mid: buy, below: sell, at mid or no
-    two-sided book yet: 0.
-    """
-    side = tape.trades.side.astype(np.int64)
-    unknown = np.flatnonzero(side == UNKNOWN)
-    if unknown.size:
-        book = tape.book
-        prev = np.searchsorted(book.ts_ns, tape.trades.ts_ns[unknown], side="left") - 1
-        has = prev >= 0
-        pr = np.where(has, prev, 0)
-        two_sided = has & (book.bid_sz[pr, 0] > 0) & (book.ask_sz[pr, 0] > 0)
-        diff = 2 * tape.trades.px[unknown] - (book.bid_px[pr, 0] + book.ask_px[pr, 0])
-        side[unknown] = np.where(two_sided, np.sign(diff), 0)
-    return np.where((side == BUY) | (side == SELL), side, 0)
-
-
 def _window_diff(prefix_at: np.ndarray, horizon: int) -> np.ndarray:
     """prefix_at[t] - prefix_at[t - horizon]; for t < horizon, prefix_at[t] (all data since the tape start)."""
     out = prefix_at.copy()
@@ -145,7 +125,7 @@ def compute_features(tape: MarketTape, rows: np.ndarray, cfg: FeatureConfig) -> 
     cols += [depth_imb[:, lv] for lv in range(n_depth)]
 
     # Trade flow over the last h intervals: trades with ts in (ts[t-h], ts[t]].
-    sign = _trade_signs(tape)
+    sign = trade_signs(tape)  # unknown aggressors resolved by the quote rule, as for the simulator
     signed_prefix = np.concatenate([[0], np.cumsum(sign * trades.size)])  # (m+1,)
     volume_prefix = np.concatenate([[0], np.cumsum(np.abs(sign) * trades.size)])
     k = np.searchsorted(trades.ts_ns, ts, side="right")  # (T,) trades with ts <= ts[t]

@@ -7,8 +7,10 @@ fills against the book and trades of the steps after. The last row's interval is
 Trades are summarised per interval as volume histograms on an absolute price grid anchored at the
 best bid of decision t: bucket k covers price `anchor_px[t] + k - trade_radius_ticks`, k in
 [0, 2 * trade_radius_ticks]. Trades outside that grid count only through `sell_min_px`/`buy_max_px`
-("traded through"). Trades with unknown aggressor side are classified against the book at t
-(price <= best bid: seller-initiated; >= best ask: buyer-initiated; inside the spread: ignored).
+("traded through"). Trades with unknown aggressor side are classified by `trade_signs`: the quote rule
+against the book prevailing just before the trade (below its mid: seller-initiated, above: buyer-initiated,
+so a trade inside the spread counts for the nearer side); only a trade exactly at that mid, or before any
+two-sided book, is left out of the histograms and of sell_min_px / buy_max_px.
 """
 from __future__ import annotations
 
@@ -55,6 +57,29 @@ class DecisionTape:
         return DecisionTape(**kw, tick_value=self.tick_value, trade_radius_ticks=self.trade_radius_ticks)
 
 
+def trade_signs(tape: MarketTape) -> np.ndarray:
+    """(m,) int64 aggressor sign per trade (BUY=+1, SELL=-1, 0 = unresolved); UNKNOWN resolved by the quote rule.
+
+    The quote (midpoint) rule against the prevailing book, the last book row strictly before the trade's
+    timestamp (a row at the same instant may already include the trade's effect): above the mid a buyer
+    lifted, below it a seller hit, so a trade at or through the bid is a sell, at or through the ask a
+    buy, and a trade inside the spread goes to the nearer side. At the mid exactly, or with no two-sided
+    book yet, the side is unknowable and stays 0. The features' trade flow and the simulator's trade
+    histograms both use this, so they agree on every trade.
+    """
+    side = tape.trades.side.astype(np.int64)
+    unknown = np.flatnonzero(side == UNKNOWN)
+    if unknown.size:
+        book = tape.book
+        prev = np.searchsorted(book.ts_ns, tape.trades.ts_ns[unknown], side="left") - 1
+        has = prev >= 0
+        pr = np.where(has, prev, 0)
+        two_sided = has & (book.bid_sz[pr, 0] > 0) & (book.ask_sz[pr, 0] > 0)
+        diff = 2 * tape.trades.px[unknown] - (book.bid_px[pr, 0] + book.ask_px[pr, 0])  # 2 x (price - mid)
+        side[unknown] = np.where(two_sided, np.sign(diff), 0)
+    return np.where((side == BUY) | (side == SELL), side, 0)
+
+
 def build_decision_tape(tape: MarketTape, rows: np.ndarray, radius: int) -> DecisionTape:
     """DecisionTape for decisions at book rows `rows` (strictly increasing), trade grid radius R = `radius`.
 
@@ -83,16 +108,7 @@ def build_decision_tape(tape: MarketTape, rows: np.ndarray, radius: int) -> Deci
     t_of = np.searchsorted(ts, trades.ts_ns, side="left") - 1  # (m,)
     keep = (t_of >= 0) & (t_of < n_dec - 1) & (trades.size > 0)
     t_of = t_of[keep]
-    px, size, side = trades.px[keep], trades.size[keep], trades.side[keep].astype(np.int8)
-
-    # Unknown aggressor: classify against the book at t (at/through the bid: sell; at/through the ask: buy).
-    unknown = side == UNKNOWN
-    if unknown.any():
-        tu = t_of[unknown]
-        pu = px[unknown]
-        is_sell = (bid_sz[tu, 0] > 0) & (pu <= bid_px[tu, 0])
-        is_buy = (ask_sz[tu, 0] > 0) & (pu >= ask_px[tu, 0]) & ~is_sell
-        side[unknown] = np.where(is_sell, SELL, np.where(is_buy, BUY, UNKNOWN))
+    px, size, side = trades.px[keep], trades.size[keep], trade_signs(tape)[keep]  # side 0: unresolved, left out
 
     bucket = px - anchor[t_of] + radius  # (m',)
     on_grid = (bucket >= 0) & (bucket < n_buckets)

@@ -62,27 +62,32 @@ def _segments(policy: Policy, features: torch.Tensor, sim: Simulator, start_rows
     """(stats after the closing FLAT step, stats before it) of the segment backtests."""
     state = sim.reset(start, stop, min_history=window - 1, start_rows=start_rows)
     for _ in range(steps):
-        obs = _gather(features, state.cursor, window)
+        obs = _gather(features, sim.obs_rows(state), window)
         sim.step(state, policy(obs, sim.env_features(state)))
     policy_stats = {k: float(v) for k, v in sim.stats(state).items()}  # host sync, once per evaluation
     sim.step(state, _flat_all(sim.cfg.n_envs, features.device))  # close what is still open
     return {k: float(v) for k, v in sim.stats(state).items()}, policy_stats
 
 
-def decision_position(executed: torch.Tensor | None, position: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
+def decision_position(executed: torch.Tensor | None, position: torch.Tensor, target: torch.Tensor,
+                      kinds: torch.Tensor | None = None) -> torch.Tensor:
     """(B,) int64 position each env holds over the interval (t, t+1] as decided at row t, i.e. after the fills at
     the book of row t and before any fill inside the interval.
 
     executed: (B, n_branches) the action that reaches the exchange at row t (the one chosen latency_steps rows
     earlier; None when the delay line is still empty); position: (B,) contracts at row t before that action;
-    target: (3,) contracts per magnitude (SimConfig.target_contracts). Simulator rules 2-3: a SHORT / LONG / FLAT
+    target: (3,) contracts per magnitude (SimConfig.target_contracts); kinds: (3,) order kind per order-type choice
+    (SimConfig.order_kind_codes; None = the default, choice 0 is MARKET). Simulator rules 2-3: a SHORT / LONG / FLAT
     market instruction fills completely at the book of row t, so the position becomes its target; HOLD and limit
-    instructions leave it as it is (a limit fill happens inside the interval, at a price set by what the market
+    instructions (and IOC / FOK, whose fill size depends on the book: counted next step, conservatively) leave it
+    as it is (a limit fill happens inside the interval, at a price set by what the market
     did, so it enters the next step's q: counting it here would credit adverse selection as direction).
     Everything here is known at row t, which is what makes E[e_t] = 0 on a martingale mid."""
     if executed is None:
         return position.clone()
     direction, magnitude, order_type = executed[:, 0], executed[:, 1], executed[:, 2]
+    if kinds is not None:
+        order_type = kinds[order_type]  # the kind the branch value means under SimConfig.order_types
     tgt = target[magnitude]
     goal = torch.where(direction == LONG, tgt, torch.where(direction == SHORT, -tgt, torch.zeros_like(tgt)))
     market = (direction != HOLD) & (order_type == MARKET)
@@ -99,14 +104,15 @@ def _continuous(policy: Policy, features: torch.Tensor, sim: Simulator, first: i
     position = torch.empty(steps + 1, dtype=torch.int64, device=dev)
     held = torch.empty(steps, dtype=torch.int64, device=dev)  # (steps,) q_t of the mid edge
     target = torch.tensor(sim.cfg.target_contracts, dtype=torch.int64, device=dev)  # (3,)
+    kinds = torch.tensor(sim.cfg.order_kind_codes, dtype=torch.int64, device=dev)  # (3,) order-type choice -> kind
     lag = sim.cfg.latency_steps
     sent: list[torch.Tensor] = []  # actions in flight: the continuous pass never re-places its env before the end
     equity[0], position[0] = sim.equity(state)[0], state.position[0]
     for k in range(steps):
-        obs = _gather(features, state.cursor, window)
+        obs = _gather(features, sim.obs_rows(state), window)
         action = policy(obs, sim.env_features(state))
         sent.append(action)
-        held[k] = decision_position(sent[k - lag] if k >= lag else None, state.position, target)[0]
+        held[k] = decision_position(sent[k - lag] if k >= lag else None, state.position, target, kinds)[0]
         sim.step(state, action)
         equity[k + 1], position[k + 1] = sim.equity(state)[0], state.position[0]
     stats = {k: float(v) for k, v in sim.stats(state).items()}  # host sync, once per evaluation
@@ -135,7 +141,8 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
     if n_envs is not None:
         cfg = dataclasses.replace(cfg, n_envs=n_envs)
     device = features.device
-    first = start + window - 1  # the first row with a full observation window inside the eval window
+    # The first row whose observed row (cursor - feed latency) has a full observation window inside the eval window.
+    first = start + window - 1 + sim_cfg.feed_latency_steps
     span = stop - 1 - first  # steps a single env can take without reaching the window's last row
     if span < 1:
         raise ValueError(f"eval window [{start}, {stop}) is too short for an observation window of {window}")

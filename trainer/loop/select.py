@@ -47,7 +47,8 @@ class Selector:
                  window: int, val_start: int, val_stop: int, n_envs: int, min_net: float):
         self.learner, self.features, self.window = learner, features, window
         self.val_start, self.val_stop, self.min_net = val_start, val_stop, min_net
-        first = val_start + window - 1  # first row with a full observation window inside the slice
+        # First row with a full observation window inside the slice, as the agent sees it (feed latency k rows late).
+        first = val_start + window - 1 + sim_cfg.feed_latency_steps
         span = val_stop - 1 - first
         n_seg = max(1, min(n_envs, span))
         self.seg_len = span // n_seg
@@ -68,7 +69,7 @@ class Selector:
         sim = self.sim
         state = sim.reset(self.val_start, self.val_stop, min_history=self.window - 1, start_rows=self.start_rows)
         for _ in range(self.seg_len):
-            obs = gather_windows(self.features, state.cursor, self.window)
+            obs = gather_windows(self.features, sim.obs_rows(state), self.window)
             sim.step(state, self.learner.act(obs, sim.env_features(state), explore=False))
         close = torch.zeros(sim.cfg.n_envs, 4, dtype=torch.int64, device=self.features.device)
         close[:, 0], close[:, 2] = FLAT, MARKET

@@ -210,7 +210,7 @@ class TrainStep:
         """The decision rows (n_envs,) observed now, the env state (n_envs, S) the agent sees, and the actions
         (n_envs, n_branches) int64 from the online net, Thompson-sampled on every branch. The env features are
         computed here so that, compiled, their two dozen elementwise ops fuse with the rest of acting."""
-        row = self.state.cursor.clone()
+        row = self.sim.obs_rows(self.state)  # (n_envs,) cursor - feed latency: the market the agent has seen
         env_state = self.sim.env_features(self.state)
         if self.table_rows is None:
             obs = gather_windows(self.features, row, self.window)  # (n_envs, W, F)
@@ -228,8 +228,8 @@ class TrainStep:
         """n-step accumulate the step just taken and add the matured transitions to the replay."""
         state = self.state
         next_env_state = self.sim.env_features(state)
-        transitions, valid = self.nstep.push(row, env_state, actions, reward, done, state.cursor, next_env_state,
-                                             reset=truncated)
+        transitions, valid = self.nstep.push(row, env_state, actions, reward, done, self.sim.obs_rows(state),
+                                             next_env_state, reset=truncated)
         self.replay.add(transitions, valid)
         self.dir_counts += torch.nn.functional.one_hot(actions[:, 0], 4).sum(0)
         self.metrics.add_reward(reward)

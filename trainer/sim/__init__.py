@@ -1,12 +1,14 @@
 """trainer.sim: GPU-vectorised order-book replay (see engine.py for the rules, docs/simulator.md for users)."""
 from __future__ import annotations
 
-from trainer.sim.actions import BRANCH_SIZES, FLAT, HOLD, LIMIT_PASSIVE, LIMIT_TOUCH, LONG, MARKET, SHORT
+from trainer.sim.actions import (BRANCH_SIZES, FLAT, FOK, HOLD, IOC, LIMIT_PASSIVE, LIMIT_TOUCH, LONG, MARKET,
+                                  ORDER_KINDS, POST_ONLY, SHORT)
 from trainer.sim.config import SimConfig
 from trainer.sim.engine import ENV_FEATURES, Simulator, validate_tape
 from trainer.sim.state import SimState, StepOut
 
 __all__ = [
-    "BRANCH_SIZES", "ENV_FEATURES", "FLAT", "HOLD", "LIMIT_PASSIVE", "LIMIT_TOUCH", "LONG", "MARKET", "SHORT",
+    "BRANCH_SIZES", "ENV_FEATURES", "FLAT", "FOK", "HOLD", "IOC", "LIMIT_PASSIVE", "LIMIT_TOUCH", "LONG", "MARKET",
+    "ORDER_KINDS", "POST_ONLY", "SHORT",
     "SimConfig", "SimState", "Simulator", "StepOut", "validate_tape",
 ]

@@ -4,6 +4,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from trainer.sim.actions import ORDER_KINDS, ORDER_TYPE_NAMES
+
 
 @dataclass(frozen=True)
 class SimConfig:
@@ -38,6 +40,21 @@ class SimConfig:
     seed: int = 0
     """Seed of the counter-based hash that draws reset offsets (hash of seed, env id, reset count)."""
 
+    # --- order kinds and feed latency (issue 22 item 5); the defaults reproduce the original simulator exactly
+    order_types: tuple[str, str, str] = ORDER_TYPE_NAMES
+    """What the three choices of the order-type branch mean: 3 distinct names from trainer.sim.actions.ORDER_KINDS
+    ('market', 'limit_touch', 'limit_passive', 'ioc', 'fok', 'post_only'). The branch keeps 3 choices, so the
+    agent's action space is unchanged; e.g. ('ioc', 'limit_touch', 'post_only') swaps in marketable limits."""
+    marketable_limit_ticks: int = 0
+    """IOC / FOK limit price: the opposite best at execution moved this many ticks against the order (a buy's limit
+    is best ask + this); 0 takes only the best level (>= 0)."""
+    post_only_ticks: int = 1
+    """POST_ONLY limit price: our side's best moved this many ticks towards the opposite side (a buy at best bid +
+    this); rejected when that price would cross the opposite best, e.g. on a one-tick spread with the default 1."""
+    feed_latency_steps: int = 0
+    """Market-data latency in decision steps: at cursor row c the agent observes the market as of row c - this
+    (feature window rows <= c - this, `Simulator.obs_rows`); own position and order state are not delayed (>= 0)."""
+
     def __post_init__(self) -> None:
         def bad(field: str, value: object, rule: str) -> ValueError:
             return ValueError(f"SimConfig.{field} {rule}, got {value!r}")
@@ -68,6 +85,20 @@ class SimConfig:
                 raise bad(name, v, "must be finite and > 0")
         if not (isinstance(self.seed, int) and 0 <= self.seed < 2**32):
             raise bad("seed", self.seed, "must be an int in [0, 2**32)")
+        if isinstance(self.order_types, list):  # a config file gives a list; keep the frozen value hashable
+            object.__setattr__(self, "order_types", tuple(self.order_types))
+        if not (isinstance(self.order_types, tuple) and len(self.order_types) == 3
+                and all(name in ORDER_KINDS for name in self.order_types) and len(set(self.order_types)) == 3):
+            raise bad("order_types", self.order_types, f"must be 3 distinct names from {ORDER_KINDS}")
+        for name in ("marketable_limit_ticks", "post_only_ticks", "feed_latency_steps"):
+            v = getattr(self, name)
+            if not (isinstance(v, int) and not isinstance(v, bool) and v >= 0):
+                raise bad(name, v, "must be an int >= 0")
+
+    @property
+    def order_kind_codes(self) -> tuple[int, int, int]:
+        """Kind code (index into ORDER_KINDS) of each order-type branch choice."""
+        return tuple(ORDER_KINDS.index(name) for name in self.order_types)  # type: ignore[return-value]
 
     @property
     def target_contracts(self) -> tuple[int, int, int]:

@@ -7,21 +7,34 @@ every env from decision row c (its cursor) to c + 1. Rules, in the order they ar
    `latency_steps` actions per env; empty slots do nothing). Below, "the action" is the one executed now.
 2. Instruction. HOLD (or an empty slot) sends nothing. SHORT/LONG/FLAT set a target position
    (-/+ target_contracts[magnitude], or 0); the order is for delta = target - position, read when the
-   instruction reaches the exchange. Any working limit order is cancelled, except that a limit order at
-   the same side and price as the working one amends it (remaining := |delta|, lifetime := new urgency;
+   instruction reaches the exchange. The order-type branch value picks a kind through
+   `cfg.order_types` (default: MARKET, LIMIT_TOUCH, LIMIT_PASSIVE). Any working limit order is
+   cancelled, except that a resting limit (LIMIT_TOUCH / LIMIT_PASSIVE / accepted POST_ONLY) at the
+   same side and price as the working one amends it (remaining := |delta|, lifetime := new urgency;
    its queue place and age are kept). delta == 0 just cancels.
-3. Market order (order type MARKET), at the book of row c: walks the opposite levels best first,
+3. Market order (MARKET), at the book of row c: walks the opposite levels best first,
    filling min(remaining, level size) at each level's price; whatever exceeds the visible depth fills at
    the worst visible opposite price moved `beyond_depth_ticks` further against the order. Taker fee.
+   Marketable limits, at the book of row c, limit price X = opposite best moved
+   `marketable_limit_ticks` against the order: available = the visible opposite size at prices no worse
+   than X (never beyond the visible depth). IOC fills min(|delta|, available) by the same walk and
+   cancels the rest; FOK fills |delta| by the walk if available >= |delta|, else nothing. Taker fee. An
+   IOC or FOK that fills nothing counts as rejected. Neither leaves a working order.
 4. Limit order placement, at the book of row c: LIMIT_TOUCH joins our side's best price, LIMIT_PASSIVE
-   one tick behind it. Queue ahead = the displayed size at that price in row c (0 if not displayed).
+   one tick behind it, POST_ONLY `post_only_ticks` in front of it (towards the opposite side). A
+   POST_ONLY whose price would cross (>= best ask for a buy, <= best bid for a sell) is rejected: nothing
+   is placed (the working order is still cancelled by rule 2). Queue ahead = the displayed size at that
+   price in row c (0 if not displayed, e.g. a POST_ONLY improving inside the spread).
 5. Working limit order against the interval (c, c+1] (trades of row c, book of row c+1), price P:
    a. opposite-aggressor volume at exactly P (sellers for our buy, buyers for our sell) first consumes
       the queue ahead; only the excess fills us, at P;
    b. a trade through P (opposite-aggressor trade strictly beyond P: sell_min_px < P for a buy,
       buy_max_px > P for a sell) or the opposite best of row c+1 crossing P (best ask <= P for a buy,
       best bid >= P for a sell) fills all that remains, at P. Maker fee.
-   c. queue ahead is then capped at the displayed size at P in row c+1. If P is not displayed at c+1:
+   c. queue ahead is then capped at the displayed size at P in row c+1 (min: a depth increase at P is
+      orders joining behind us and never moves us forward; a decrease is applied only as far as the
+      trades of 5a have not already taken it, so a trade and the depth drop it causes count once). If P
+      is not displayed at c+1:
       when our side shows all its levels and P lies beyond the last one, the level has left the
       visible depth and the queue is left unchanged (we cannot see it); otherwise the level is empty
       and the queue becomes 0.
@@ -37,9 +50,16 @@ every env from decision row c (its cursor) to c + 1. Rules, in the order they ar
    when it returns to 0 or flips sign (the flip opens the next trip); its net PnL (gross minus the fees
    of its own contracts) decides a win, and `done` is set.
 
-Reset offsets are drawn uniformly (via `offset_hash`) from [window_start + min_history, window_stop - 2],
-so every step reads rows inside [window_start, window_stop - 1]; the W - 1 look-back rows before the
-cursor are the loop's concern (min_history >= W - 1 keeps them inside the window).
+Reset offsets are drawn uniformly (via `offset_hash`) from
+[window_start + min_history + feed_latency_steps, window_stop - 2], so every step reads rows inside
+[window_start, window_stop - 1]; the W - 1 look-back rows before the observed row are the loop's concern
+(min_history >= W - 1 keeps them inside the window).
+
+Feed latency. The agent sees the market `feed_latency_steps` = k rows late: at cursor c it observes row
+`obs_rows() = c - k` (the loop gathers the feature window ending there, and env_features marks the
+unrealised PnL at that row's mid). Orders still execute against the true book (rules 1-6), so the
+order-entry latency `latency_steps` and the feed latency add up to k + latency_steps rows between the
+market an action was based on and the book it meets.
 
 Everything in `step` is fixed-shape tensor math: no Python loop over envs, no host sync, no branching on
 tensor values, so the same code runs on CPU and CUDA and can be captured in a CUDA graph.
@@ -51,7 +71,7 @@ import torch
 
 from trainer.errors import InputError
 from trainer.features.decision import DecisionTape
-from trainer.sim.actions import FLAT, HOLD, LIMIT_PASSIVE, LONG, MARKET, SHORT
+from trainer.sim.actions import FLAT, FOK, HOLD, IOC, LIMIT_PASSIVE, LIMIT_TOUCH, LONG, MARKET, POST_ONLY, SHORT
 from trainer.sim.config import SimConfig
 from trainer.sim.state import SimState, StepOut, offset_hash
 
@@ -125,6 +145,7 @@ class Simulator:
         self.trade_vol = torch.as_tensor(vols.reshape(-1), device=dev)  # (T * (2R+1) * 2,)
         self.target = torch.tensor(cfg.target_contracts, dtype=torch.int64, device=dev)  # (3,)
         self.lifetimes = torch.tensor(cfg.urgency_lifetimes, dtype=torch.int64, device=dev)  # (3,)
+        self.order_kinds = torch.tensor(cfg.order_kind_codes, dtype=torch.int64, device=dev)  # (3,) branch -> kind
         self.env_ids = torch.arange(cfg.n_envs, dtype=torch.int64, device=dev)  # (n_envs,)
         self._direction_ids = torch.arange(4, dtype=torch.int64, device=dev).unsqueeze(0)  # (1, 4)
 
@@ -137,17 +158,20 @@ class Simulator:
         min_history: int = 0,
         start_rows: torch.Tensor | None = None,
     ) -> SimState:
-        """A fresh state with every env placed in rows [window_start + min_history, window_stop - 2].
+        """A fresh state with every env placed in rows [window_start + min_history + feed_latency_steps,
+        window_stop - 2]: `min_history` counts the look-back rows needed before the *observed* row.
 
         Offsets come from `offset_hash(seed, env id, 0)` unless `start_rows` (n_envs,) gives them
         (e.g. evaluation walking the window from its start); later re-placements always use the hash.
         """
         n = self.cfg.n_envs
-        lo = window_start + min_history
+        # The observed row trails the cursor by the feed latency, and its look-back must stay in the window.
+        lo = window_start + min_history + self.cfg.feed_latency_steps
         if not (0 <= window_start and window_stop <= self.n_rows and min_history >= 0 and lo <= window_stop - 2):
             raise ValueError(
-                f"Simulator.reset: window [{window_start}, {window_stop}) with min_history={min_history} leaves no "
-                f"start row in [{lo}, {window_stop - 2}] (tape has {self.n_rows} rows)"
+                f"Simulator.reset: window [{window_start}, {window_stop}) with min_history={min_history} and "
+                f"feed_latency_steps={self.cfg.feed_latency_steps} leaves no start row in [{lo}, {window_stop - 2}] "
+                f"(tape has {self.n_rows} rows)"
             )
         st = SimState.zeros(n, self.cfg.latency_steps, self.device)
         st.window_lo.fill_(lo)
@@ -310,16 +334,33 @@ class Simulator:
         target = torch.where(e_dir == LONG, tgt, torch.where(e_dir == SHORT, -tgt, 0))
         delta = torch.where(active, target - st.position, 0)
         side, qty = delta.sign(), delta.abs()
-        is_market = (qty > 0) & (e_type == MARKET)
-        is_limit = (qty > 0) & (e_type != MARKET)
+        kind = self.order_kinds[e_type]  # (n,) order kind code (trainer.sim.actions.ORDER_KINDS)
+        is_market = (qty > 0) & (kind == MARKET)
+        is_take = (qty > 0) & ((kind == IOC) | (kind == FOK))
         own_px_c, own_sz_c = self._own_side(book_c, side)
-        limit_px = own_px_c[:, 0] - torch.where(e_type == LIMIT_PASSIVE, side, 0)
+        opp_best_c = torch.where(side > 0, book_c[:, _ASK_PX, 0], book_c[:, _BID_PX, 0])
+        ticks_in_front = torch.where(kind == LIMIT_PASSIVE, -1, torch.where(kind == POST_ONLY, cfg.post_only_ticks, 0))
+        limit_px = own_px_c[:, 0] + side * ticks_in_front
+        crosses = side * (limit_px - opp_best_c) >= 0  # at or through the opposite best: would take liquidity
+        is_resting = (kind == LIMIT_TOUCH) | (kind == LIMIT_PASSIVE) | (kind == POST_ONLY)
+        rejected = (qty > 0) & (kind == POST_ONLY) & crosses
+        is_limit = (qty > 0) & is_resting & ~rejected
         amend = is_limit & (st.order_side == side) & (st.order_px == limit_px)
         self._clear_order(st, active & ~amend)
 
-        # --- rule 3: market order at the book of c
-        self._market(st, acc, book_c, side, torch.where(is_market, qty, 0))
-        st.market_orders += is_market
+        # --- rule 3: market order, or IOC / FOK up to their limit price, at the book of c
+        opp_px_c, opp_sz_c = self._own_side(book_c, -side)  # (n, L) opposite side, best first
+        take_px = opp_best_c + side * cfg.marketable_limit_ticks
+        # Levels no worse than the limit form a prefix of the best-first levels, so a walk of at most `avail`
+        # contracts never reaches past them (nor past the visible depth).
+        within = (opp_sz_c > 0) & (side.unsqueeze(1) * (take_px.unsqueeze(1) - opp_px_c) >= 0)
+        avail = (opp_sz_c * within).sum(1)  # (n,)
+        take_qty = torch.where(kind == IOC, torch.minimum(qty, avail), torch.where(avail >= qty, qty, 0))
+        take_qty = torch.where(is_take, take_qty, 0)
+        rejected |= is_take & (take_qty == 0)
+        self._market(st, acc, book_c, side, torch.where(is_market, qty, take_qty))
+        st.market_orders += is_market | is_take
+        st.rejected_orders += rejected
 
         # --- rule 4: place (or amend) the limit order at the book of c
         place = is_limit & ~amend
@@ -403,6 +444,12 @@ class Simulator:
 
     # ------------------------------------------------------------------ views
 
+    def obs_rows(self, st: SimState) -> torch.Tensor:
+        """(n_envs,) int64 decision row whose market data the agent has seen at the cursor: cursor - feed latency.
+
+        The loop gathers the feature window ending at this row (rows <= cursor - feed_latency_steps)."""
+        return st.cursor - self.cfg.feed_latency_steps
+
     def equity(self, st: SimState) -> torch.Tensor:
         """(n_envs,) float32 mark-to-market equity in currency (cash + position x mid - fees), since reset."""
         book = self._book(st.cursor)
@@ -410,9 +457,12 @@ class Simulator:
         return (half - self._fees(st.maker_qty, st.taker_qty)).float()
 
     def env_features(self, st: SimState) -> torch.Tensor:
-        """(n_envs, ENV_FEATURES) float32 agent-visible env state, each column bounded in [-1, 1]."""
+        """(n_envs, ENV_FEATURES) float32 agent-visible env state, each column bounded in [-1, 1].
+
+        Own position and order state are current; the unrealised PnL is marked at the observed row's mid
+        (`obs_rows`), the only market price the agent has seen."""
         cfg = self.cfg
-        book = self._book(st.cursor)
+        book = self._book(self.obs_rows(st))
         pos = st.position.float()
         mid2 = (book[:, _BID_PX, 0] + book[:, _ASK_PX, 0]).float()
         unreal_ticks = (pos * mid2 - 2 * st.entry_cost_ticks.float()) / 2
@@ -452,6 +502,7 @@ class Simulator:
             "limit_fill_rate": st.limit_filled.sum().double() / limit_orders.clamp(min=1),
             "market_orders": st.market_orders.sum(),
             "expired_orders": st.expired_orders.sum(),
+            "rejected_orders": st.rejected_orders.sum(),
             "maker_qty": st.maker_qty.sum(),
             "taker_qty": st.taker_qty.sum(),
         }

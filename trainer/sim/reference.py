@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from trainer.features.decision import DecisionTape
-from trainer.sim.actions import FLAT, HOLD, LIMIT_PASSIVE, LIMIT_TOUCH, LONG, MARKET, SHORT
+from trainer.sim.actions import FLAT, HOLD, LONG, SHORT
 from trainer.sim.config import SimConfig
 
 M32 = 0xFFFFFFFF
@@ -64,6 +64,7 @@ class RefEnv:
     limit_filled: int = 0
     market_orders: int = 0
     expired_orders: int = 0
+    rejected_orders: int = 0
     action_counts: list[int] = field(default_factory=lambda: [0, 0, 0, 0])
     pending: list[tuple[int, int, int, int] | None] = field(default_factory=list)
 
@@ -103,7 +104,7 @@ class ReferenceSimulator:
     # -------------------------------------------------- reset
 
     def reset(self, window_start: int, window_stop: int, min_history: int = 0, start_rows=None) -> None:
-        self.lo = window_start + min_history
+        self.lo = window_start + min_history + self.cfg.feed_latency_steps  # history before the observed row
         self.last = window_stop - 1
         self.envs = []
         for i in range(self.cfg.n_envs):
@@ -191,10 +192,27 @@ class ReferenceSimulator:
             delta = target - env.position
             side = 1 if delta > 0 else -1
             qty = abs(delta)
-            if delta != 0 and order_type != MARKET:
-                best = self.bids(c)[0][0] if side > 0 else self.asks(c)[0][0]
-                px = best if order_type == LIMIT_TOUCH else best - side
-                assert order_type in (LIMIT_TOUCH, LIMIT_PASSIVE)
+            kind = cfg.order_types[order_type]
+            best = self.bids(c)[0][0] if side > 0 else self.asks(c)[0][0]
+            opposite_best = self.asks(c)[0][0] if side > 0 else self.bids(c)[0][0]
+            resting_px = {"limit_touch": best, "limit_passive": best - side, "post_only": best + side * cfg.post_only_ticks}
+            px = resting_px.get(kind, 0)
+            would_cross = px >= opposite_best if side > 0 else px <= opposite_best
+            if delta != 0 and kind == "post_only" and would_cross:
+                env.order = None  # the instruction still replaces the working order; nothing new rests
+                env.rejected_orders += 1
+            elif delta != 0 and kind in ("ioc", "fok"):
+                env.order = None
+                env.market_orders += 1
+                limit = opposite_best + side * cfg.marketable_limit_ticks
+                levels = self.asks(c) if side > 0 else self.bids(c)
+                available = sum(s for p, s in levels if (p <= limit if side > 0 else p >= limit))
+                fill = min(qty, available) if kind == "ioc" else (qty if available >= qty else 0)
+                if fill == 0:
+                    env.rejected_orders += 1
+                else:
+                    self.market(env, c, side, fill, out)  # fill <= available: the walk stays within the limit
+            elif delta != 0 and kind != "market":
                 life = cfg.urgency_lifetimes[urgency]
                 if env.order is not None and env.order.side == side and env.order.px == px:
                     env.order.remaining = qty  # amend: keeps queue place and age

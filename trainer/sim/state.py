@@ -33,8 +33,9 @@ _VECTOR_FIELDS = (
     "closed_taker_qty",  # taker contracts of closed trips
     "limit_orders",  # limit orders placed (amendments not counted)
     "limit_filled",  # limit orders completely filled
-    "market_orders",  # market orders sent (actions and expiry conversions; not window-end liquidations)
+    "market_orders",  # aggressive orders sent: MARKET, IOC, FOK actions and expiry conversions (not window-end)
     "expired_orders",  # limit orders that reached their lifetime unfilled
+    "rejected_orders",  # orders that did nothing: POST_ONLY that would cross, IOC / FOK that filled nothing
 )
 
 
@@ -68,6 +69,7 @@ class SimState:
     limit_filled: torch.Tensor
     market_orders: torch.Tensor
     expired_orders: torch.Tensor
+    rejected_orders: torch.Tensor
     action_counts: torch.Tensor  # (n_envs, 4) int64 actions issued per direction
     pending: torch.Tensor  # (n_envs, latency_steps) int64 joint action codes in flight, oldest first; -1 = none
     window_lo: torch.Tensor  # () int64 lowest row a (re-)placed env starts at = window_start + min_history
