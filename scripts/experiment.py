@@ -2,7 +2,7 @@
 parallel, then one table per variant against the OFI rule (docs/RESULTS.md keeps the tables and the commands).
 
     python scripts/experiment.py --out DIR --data synthetic --preset smoke --seeds 0,1 --workers 8 \
-        --variant base= --variant k02="--set agent.thompson_scale=0.2"
+        --variant base= --variant k02="--agent.thompson-scale 0.2"
 
 Each variant is NAME=FLAGS (extra trainer flags, shell-quoted). Results land in DIR/NAME/seed<S>/fold<N>/result.json;
 the table (stdout and DIR/table.md) gives per variant: net PnL per fold (mean over seeds), the OFI rule's net on the
@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import shlex
 import statistics
 import subprocess

@@ -29,7 +29,7 @@ def test_flags_override_their_config_fields_and_leave_the_preset_alone():
     assert cfg.sim.inventory_penalty == 0.05 and cfg.sim.n_envs == 256 and cfg.sim.seed == 9
     assert cfg.loop.compile == "sim" and cfg.loop.seed == 9 and cfg.agent.encoder == "gru"
     assert cfg.replay == base.replay and cfg.agent.d_model == base.agent.d_model
-    assert cfg.loop.n_steps == base.loop.n_steps == 25_000
+    assert cfg.loop.n_steps == base.loop.n_steps == 5_000
 
 
 def test_defaults_are_the_preset():
