@@ -129,3 +129,28 @@ def test_headline_gives_the_edge_over_the_best_baseline_and_tables_drop_annualis
     fold_head = next(x for x in lines if x.startswith("| fold | outcome |"))
     assert "Sharpe" not in fold_head and "59.000" not in md  # the annualised bar Sharpe of result.json
     assert "| trade | 75 |" in md and "| day |" not in md  # no day_pnl in these results
+
+
+@pytest.mark.parametrize("spec, maker, applied, consistent, words", [
+    ("synthetic:seed=3,days=4,signal=1", 1.40, None, True, "cme-es: maker 1.4 / taker 1.4 per contract"),
+    ("lobster:/d/AMZN.zip", 1.40, None, False, "us-equity: maker 0 / taker 0.003 per share"),
+    ("lobster:/d/AMZN.zip", 0.0031, "us-equity", True, "27.8 USD per million sold"),
+])
+def test_report_header_shows_the_venue_fee_schedule_and_whether_the_run_charged_it(tmp_path, spec, maker, applied,
+                                                                                   consistent, words):
+    _fold(tmp_path, 0, folds=1)
+    run = {"config": {"data": spec, "sim": {"maker_fee": maker, "taker_fee": maker}}}
+    if applied:
+        run["fees"] = {"schedule": applied}
+    (tmp_path / "run.json").write_text(json.dumps(run))
+    assert main(["--run-dir", str(tmp_path)]) == 0
+    fees = json.loads((tmp_path / "summary.json").read_text())["fees"]
+    assert fees["consistent"] is consistent and words in fees["text"]
+    md = (tmp_path / "report.md").read_text().splitlines()
+    assert md[2].startswith("Fees: ") and ("NOT from this schedule" in md[2]) is (not consistent)
+
+
+def test_an_unreadable_run_json_is_refused_with_its_path(tmp_path):
+    _fold(tmp_path, 0, folds=1)
+    (tmp_path / "run.json").write_text('{"config": {}}')
+    assert main(["--run-dir", str(tmp_path)]) == 2

@@ -43,6 +43,7 @@ from typing import Any
 
 import numpy as np
 
+from trainer.data.fees import schedule_for_spec
 from trainer.errors import InputError
 from trainer.folds.metrics import edge_stats, t_statistic
 from trainer.report import stats
@@ -291,6 +292,34 @@ def seed_spread(by_fold: dict[int, dict[int, dict[str, Any]]], seed: int = 0) ->
             "note": None if n_seeds > 1 else "one seed per fold: no spread over seeds"}
 
 
+def fees_header(run_dir: Path) -> dict[str, Any] | None:
+    """The venue fee schedule for the run's data (trainer.data.fees, from run.json's data SPEC) beside the fees the
+    simulator charged (run.json's SimConfig). None without run.json. `consistent` says whether the charged fees
+    follow the schedule: run.json's `fees.schedule` names it, or the schedule is per unit only and equal."""
+    path = Path(run_dir) / "run.json"
+    if not path.is_file():
+        return None
+    try:
+        info = json.loads(path.read_text())
+        cfg = info["config"]
+        spec, sim = cfg["data"], cfg["sim"]
+        charged = (float(sim["maker_fee"]), float(sim["taker_fee"]))
+    except (OSError, json.JSONDecodeError, KeyError, TypeError, ValueError) as exc:
+        raise InputError(path, None, f"unreadable run.json (need config.data and config.sim fees): {exc!r}") from None
+    try:
+        sch = schedule_for_spec(spec)
+    except ValueError as exc:
+        return {"schedule": None, "charged": list(charged), "consistent": False, "text": f"no fee schedule: {exc}"}
+    per_unit_only = not (sch.maker_bps or sch.taker_bps or sch.sell_bps or sch.sell_per_unit)
+    applied = (info.get("fees") or {}).get("schedule")
+    consistent = applied == sch.name or (applied is None and per_unit_only
+                                        and charged == (sch.maker_per_unit, sch.taker_per_unit))
+    text = (f"{sch.describe()} [{sch.source}]; charged per {sch.unit} per fill: maker {charged[0]:g}, taker "
+            f"{charged[1]:g}" + ("" if consistent else " — NOT from this schedule: the run's fees do not match the "
+                                                      "venue; read PnL with care"))
+    return {"schedule": sch.name, "unit": sch.unit, "charged": list(charged), "consistent": consistent, "text": text}
+
+
 def summarise(run_dir: str | Path, cfg: GateConfig = GateConfig(), leak_cfg: LeakageConfig = LeakageConfig(),
               control_dir: str | Path | None = None, n_trials: int | None = None, seed: int = 0) -> dict[str, Any]:
     """The run's summary (what summary.json holds): `headline`, `folds` (one object per fold: the metrics incl.
@@ -343,8 +372,10 @@ def summarise(run_dir: str | Path, cfg: GateConfig = GateConfig(), leak_cfg: Lea
         "sr_var_trials": sr_var,
     }
     leak = guard(results, None if control_dir is None else Path(control_dir), leak_cfg)
+    fees = fees_header(run_dir)
     summary = {
         "run_dir": str(run_dir),
+        "fees": fees,
         "folds": folds,
         "expected_folds": expected,
         "missing_folds": missing,

@@ -52,7 +52,7 @@ def render_markdown(summary: dict[str, Any], plots: list[str]) -> str:
         head += [f"{b} net PnL", f"{b} win"]
     lines = [f"# Walk-forward report: {summary['run_dir']}", ""]
     if summary.get("fees"):
-        lines += [f"Fees: {summary['fees']}", ""]
+        lines += [f"Fees: {summary['fees']['text']}.", ""]
     lines += [f"**{summary['headline']['lines'][0]}**", ""] + [f"- {x}" for x in summary["headline"]["lines"][1:]]
     lines += ["", "## Out-of-sample results (agent, greedy, seed 0) and baselines on the same windows", "",
               "| " + " | ".join(head) + " |", "|" + "---|" * len(head)]
