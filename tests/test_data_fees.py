@@ -7,7 +7,8 @@ import pytest
 from trainer.data.lobster import read_lobster
 from trainer.errors import InputError
 from trainer.sim import SimConfig
-from trainer.data.fees import SCHEDULES, FeeSchedule, fee_schedule, reference_price, schedule_for_spec
+from trainer.data.fees import (SCHEDULES, FeeSchedule, fee_schedule, reference_price, schedule_for_spec,
+                               venue_fees)
 
 
 def test_each_data_kind_gets_its_venue_schedule_and_the_spec_can_override_it():
@@ -52,3 +53,10 @@ def test_reference_price_of_the_amzn_sample_is_its_share_price(shared_data):
     assert 218.0 < ref < 224.0  # AMZN traded 218-224 USD on 2012-06-21
     maker, taker = SCHEDULES["us-equity"].per_unit_fees(ref)
     assert taker == pytest.approx(0.003 + (0.278e-4 * ref + 0.000166) / 2) and 0.006 < taker < 0.0062
+    v = venue_fees("lobster:/d/AMZN.zip", tape.book.bid_px[:, 0], tape.book.ask_px[:, 0], tape.instrument.tick_value)
+    assert v == {"schedule": "us-equity", "unit": "share", "ref_price": ref, "maker_fee": maker, "taker_fee": taker}
+
+
+def test_venue_fees_on_the_cme_default_keep_the_simulators_fee():
+    v = venue_fees("synthetic:seed=1", [19_000, 0], [19_001, 19_002], 12.5)  # the row without a bid is left out
+    assert v["ref_price"] == 19_000.5 * 12.5 and (v["maker_fee"], v["taker_fee"]) == (1.40, 1.40)

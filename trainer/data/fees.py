@@ -125,3 +125,13 @@ def reference_price(bid_px_ticks: np.ndarray, ask_px_ticks: np.ndarray, tick_val
     if not ok.any():
         raise ValueError("reference_price: no row with both a bid and an ask")
     return float(np.mean((bid[ok] + ask[ok]) / 2) * tick_value)
+
+
+def venue_fees(spec: str, bid_px_ticks: np.ndarray, ask_px_ticks: np.ndarray, tick_value: float) -> dict:
+    """What a trainer needs to charge the venue's fees: SimConfig's `maker_fee` / `taker_fee` for the data SPEC's
+    schedule at the tape's reference price, plus `schedule` and `ref_price` for run.json's `fees` block (the report
+    header reads `schedule` to tell that the run charged this schedule)."""
+    sch = schedule_for_spec(spec)
+    ref = reference_price(bid_px_ticks, ask_px_ticks, tick_value)
+    maker, taker = sch.per_unit_fees(ref)
+    return {"schedule": sch.name, "unit": sch.unit, "ref_price": ref, "maker_fee": maker, "taker_fee": taker}

@@ -254,6 +254,10 @@ def guard(results: list[dict[str, Any]], control_dir: Path | None,
     return out
 
 
+def _p(p: float) -> str:
+    return f"{p:.3f}" if p >= 0.001 else "< 0.001"
+
+
 def _num(v: float | None, digits: int = 2) -> str:
     return "–" if v is None else f"{v:.{digits}f}"
 
@@ -412,9 +416,9 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
     else:
         ci = "–" if e["edge_ci"] is None else f"[{e['edge_ci'][0]:+.2f}, {e['edge_ci'][1]:+.2f}]"
         lines.append(f"Edge vs best baseline ({e['best']}): {e['edge_mean']:+.2f} per bar, 95 % CI {ci} "
-                     f"({e['edge_total']:+.2f} over {e['n_bars']} bars); SPA p = {e['p_value_best']:.3f}; "
+                     f"({e['edge_total']:+.2f} over {e['n_bars']} bars); SPA p {_p(e['p_value_best'])}; "
                      f"beats every baseline: {'yes' if e['p_value_all'] < 0.05 else 'no'} "
-                     f"(largest p {e['p_value_all']:.3f}).")
+                     f"(largest p {_p(e['p_value_all'])}).")
     t = st["per_trade"]
     if t is not None and t["n"]:
         ci = "" if t["mean_ci"] is None else f" [{t['mean_ci'][0]:+.2f}, {t['mean_ci'][1]:+.2f}]"
