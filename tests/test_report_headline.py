@@ -154,3 +154,14 @@ def test_an_unreadable_run_json_is_refused_with_its_path(tmp_path):
     _fold(tmp_path, 0, folds=1)
     (tmp_path / "run.json").write_text('{"config": {}}')
     assert main(["--run-dir", str(tmp_path)]) == 2
+
+
+def test_a_control_that_barely_traded_is_reported_as_weak(tmp_path):
+    for i in range(3):
+        _fold(tmp_path, i, edge=_edges(i, 900, bias=0.3))
+        _fold(tmp_path / "control", i, trades=2, net=-10.0 - i, win=0.0,  # 10 steps of ±1, five up: t 0, hit 0.5
+              edge={"mid_edge_n": 10, "mid_edge": 0.0, "mid_edge_sumsq": 10.0, "mid_edge_wins": 5})
+    s = summarise(tmp_path)["leakage"]
+    n = s["control"]["mid_edge_n"]
+    assert s["leak_suspected"] is False and n == 30
+    assert f"none on the control (only {n} decided steps on the control: little power)" in s["words"]

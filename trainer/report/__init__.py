@@ -100,12 +100,17 @@ class LeakageConfig:
     """Leak suspected when the pooled share of positive mid-edge steps is above this (0.5 under no edge)."""
     max_net_pnl_tstat: float = 2.0
     """Leak suspected when the net-PnL t-statistic across folds is above this (one-sided: losses are costs)."""
+    min_control_steps: int = 100
+    """A control with fewer pooled nonzero mid-edge steps than this (an agent that mostly stood aside) is reported
+    as clean but with little power: at n = 100 a true hit rate of 0.6 is missed about half the time."""
 
     def __post_init__(self) -> None:
         for name in ("max_mid_edge_tstat", "max_net_pnl_tstat"):
             v = getattr(self, name)
             if not (math.isfinite(v) and v > 0):
                 raise ValueError(f"LeakageConfig.{name} must be finite and > 0, got {v!r}")
+        if not (isinstance(self.min_control_steps, int) and self.min_control_steps >= 0):
+            raise ValueError(f"LeakageConfig.min_control_steps must be an int >= 0, got {self.min_control_steps!r}")
         if not (math.isfinite(self.max_mid_hit_rate) and 0.5 <= self.max_mid_hit_rate < 1.0):
             raise ValueError(f"LeakageConfig.max_mid_hit_rate must be in [0.5, 1), got {self.max_mid_hit_rate!r}")
 
@@ -250,7 +255,9 @@ def guard(results: list[dict[str, Any]], control_dir: Path | None,
     if judged["leak_suspected"]:
         out["words"] = "LEAK SUSPECTED: edge on the control market (" + "; ".join(judged["reasons"]) + ")"
     else:
-        out["words"] = f"{found} on the signal market, none on the control{why}"
+        n = judged["mid_edge_n"]
+        weak = (f" (only {n} decided steps on the control: little power)" if n < cfg.min_control_steps else "")
+        out["words"] = f"{found} on the signal market, none on the control{weak}{why}"
     return out
 
 
