@@ -261,7 +261,8 @@ def guard(results: list[dict[str, Any]], control_dir: Path | None,
     return out
 
 
-def _p(p: float) -> str:
+def fmt_p(p: float) -> str:
+    """A p-value for the report: three decimals, or "< 0.001" (a bootstrap p of 0 only says below 1 / reps)."""
     return f"{p:.3f}" if p >= 0.001 else "< 0.001"
 
 
@@ -423,9 +424,9 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
     else:
         ci = "–" if e["edge_ci"] is None else f"[{e['edge_ci'][0]:+.2f}, {e['edge_ci'][1]:+.2f}]"
         lines.append(f"Edge vs best baseline ({e['best']}): {e['edge_mean']:+.2f} per bar, 95 % CI {ci} "
-                     f"({e['edge_total']:+.2f} over {e['n_bars']} bars); SPA p {_p(e['p_value_best'])}; "
+                     f"({e['edge_total']:+.2f} over {e['n_bars']} bars); SPA p {fmt_p(e['p_value_best'])}; "
                      f"beats every baseline: {'yes' if e['p_value_all'] < 0.05 else 'no'} "
-                     f"(largest p {_p(e['p_value_all'])}).")
+                     f"(largest p {fmt_p(e['p_value_all'])}).")
     t = st["per_trade"]
     if t is not None and t["n"]:
         ci = "" if t["mean_ci"] is None else f" [{t['mean_ci'][0]:+.2f}, {t['mean_ci'][1]:+.2f}]"

@@ -14,7 +14,7 @@ from typing import Any
 
 from trainer.errors import EXIT_OK, exit_code_for
 from trainer.fsutil import atomic_write_text
-from trainer.report import summarise
+from trainer.report import fmt_p, summarise
 from trainer.report.plots import plot_equity, plot_training
 
 EXIT_GATE_FAILED = 1
@@ -104,7 +104,7 @@ def render_stats(st: dict[str, Any]) -> list[str]:
         lines += ["", "| vs baseline | its mean PnL / bar | agent − it, per bar [95 % CI] | SPA p |", "|---|---|---|---|"]
         for b, r in e["baselines"].items():
             lines.append(f"| {b}{' (best)' if b == e['best'] else ''} | {r['mean_pnl']:.2f} | "
-                         f"{r['edge_mean']:+.2f}{_ci(r['edge_ci'])} | {r['spa_p_value']:.3f} |")
+                         f"{r['edge_mean']:+.2f}{_ci(r['edge_ci'])} | {fmt_p(r['spa_p_value'])} |")
     return lines
 
 
