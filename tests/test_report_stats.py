@@ -53,6 +53,8 @@ def test_sharpe_is_withheld_below_the_horizon_rule_and_shown_with_an_interval_ab
     days = pnl_summary(rng.normal(1, 1, MIN_DAYS), "day")  # annualised by sqrt(252) only at the day horizon
     assert days["annualised"] and days["sharpe_ci"][0] < days["sharpe"] < days["sharpe_ci"][1]
     assert pnl_summary(rng.normal(1, 1, MIN_DAYS - 1), "day")["sharpe"] is None
+    three = pnl_summary([1.0, 2.0, 4.0], "day")  # too few values for any interval
+    assert three["mean"] == pytest.approx(7 / 3) and three["mean_ci"] is None and three["total"] == 7.0
 
 
 def test_day_sharpe_is_annualised_by_sqrt_252_on_a_hand_case():

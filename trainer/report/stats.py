@@ -35,6 +35,9 @@ MIN_DAYS = 20
 """Fewest trading days for a per-day Sharpe annualised by sqrt(252)."""
 MIN_BARS = 10
 """Fewest paired bars for the agent-vs-baseline reality check."""
+MIN_FOR_INTERVAL = 10
+"""Fewest observations for a bootstrap interval of a mean: below it the resamples take too few distinct values
+(3 days give 10) and a percentile interval under-covers badly."""
 TRADING_DAYS = 252
 REPS = 2000
 """Bootstrap resamples: the percentile interval's ends move by well under 1 % of its width between seeds."""
@@ -106,7 +109,7 @@ def deflated_sharpe(sr: float, n_obs: int, skew: float, kurt: float, n_trials: i
 
 def pnl_summary(x: Sequence[float] | np.ndarray, horizon: str, n_trials: int = 1, sr_var: float | None = None,
                 seed: int = 0) -> dict:
-    """Mean and total PnL per observation with a bootstrap interval, and the Sharpe ratio at this horizon when the
+    """Mean and total PnL per observation with a bootstrap interval (n >= MIN_FOR_INTERVAL), and the Sharpe ratio at this horizon when the
     sample carries it (module docstring), with its interval, PSR(0) and the DSR over `n_trials` trials.
 
     horizon: "trade" (per closed round trip, not annualised) or "day" (per trading day, Sharpe × sqrt(252)).
@@ -118,7 +121,8 @@ def pnl_summary(x: Sequence[float] | np.ndarray, horizon: str, n_trials: int = 1
     need, scale = (MIN_TRADES, 1.0) if horizon == "trade" else (MIN_DAYS, math.sqrt(TRADING_DAYS))
     out: dict = {"horizon": horizon, "n": int(v.size), "total": float(v.sum()),
                  "mean": float(v.mean()) if v.size else None,
-                 "mean_ci": bootstrap_interval(v, np.mean, seed), "sharpe": None, "sharpe_ci": None,
+                 "mean_ci": bootstrap_interval(v, np.mean, seed) if v.size >= MIN_FOR_INTERVAL else None,
+                 "sharpe": None, "sharpe_ci": None,
                  "annualised": horizon == "day", "psr": None, "dsr": None, "n_trials": n_trials}
     sr = sharpe(v)
     if v.size < need:
