@@ -7,6 +7,7 @@ import json
 import numpy as np
 import pytest
 
+from trainer.errors import InputError
 from trainer.report import STOOD_ASIDE, summarise
 from trainer.report.__main__ import main
 
@@ -165,3 +166,20 @@ def test_a_control_that_barely_traded_is_reported_as_weak(tmp_path):
     n = s["control"]["mid_edge_n"]
     assert s["leak_suspected"] is False and n == 30
     assert f"none on the control (only {n} decided steps on the control: little power)" in s["words"]
+
+
+@pytest.mark.parametrize("patch, field, rule", [
+    ({"trade_pnl": [1.0, float("nan")]}, "trade_pnl", "list of finite numbers"),
+    ({"day_pnl": "12"}, "day_pnl", "list of finite numbers"),
+    ({"bar_pnl": [1.0, 2.0], "baselines": {"flat": {"net_pnl": 0.0, "win_rate": 0.0, "bar_pnl": [0.0]}}},
+     "baselines.flat.bar_pnl", "1 bars, the agent's bar_pnl has 2"),
+])
+def test_bad_samples_in_a_result_are_refused_naming_file_field_and_rule(tmp_path, patch, field, rule):
+    _fold(tmp_path, 0, folds=1)
+    path = tmp_path / "fold0" / "result.json"
+    r = json.loads(path.read_text())
+    r.update(patch)
+    path.write_text(json.dumps(r))  # Python's json writes NaN as NaN and reads it back
+    with pytest.raises(InputError, match=f"{path}, record {field}: .*{rule}"):
+        summarise(tmp_path)
+    assert main(["--run-dir", str(tmp_path)]) == 2

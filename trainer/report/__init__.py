@@ -164,7 +164,31 @@ def _read_result(path: Path, fold: int) -> dict[str, Any]:
         raise InputError(path, None, f"result lacks {missing}")
     if r["fold"] != fold:
         raise InputError(path, None, f"result says fold {r['fold']} but lives in fold{fold}")
+    _check_samples(r, path)
     return r
+
+
+SAMPLES = ("bar_pnl", "trade_pnl", "day_pnl")
+"""The per-bar / per-trade / per-day PnL lists of result.json behind the report's statistics."""
+
+
+def _check_samples(r: dict[str, Any], path: Path) -> None:
+    """InputError naming the file, the field and the rule: every sample a list of finite numbers, and each
+    baseline's bar PnL paired with the agent's (same number of bars)."""
+    fields = [(k, r.get(k)) for k in SAMPLES]
+    fields += [(f"baselines.{b}.bar_pnl", m.get("bar_pnl")) for b, m in (r.get("baselines") or {}).items()
+               if isinstance(m, dict)]
+    for name, v in fields:
+        if v is None:
+            continue
+        if not (isinstance(v, list) and all(isinstance(x, (int, float)) and not isinstance(x, bool)
+                                            and math.isfinite(x) for x in v)):
+            raise InputError(path, name, "must be a list of finite numbers")
+    n = len(r["bar_pnl"]) if r.get("bar_pnl") is not None else None
+    for b, m in (r.get("baselines") or {}).items():
+        if n is not None and isinstance(m, dict) and m.get("bar_pnl") is not None and len(m["bar_pnl"]) != n:
+            raise InputError(path, f"baselines.{b}.bar_pnl",
+                             f"{len(m['bar_pnl'])} bars, the agent's bar_pnl has {n}: they must be paired")
 
 
 def read_results(run_dir: Path) -> list[dict[str, Any]]:
