@@ -183,3 +183,13 @@ def test_bad_samples_in_a_result_are_refused_naming_file_field_and_rule(tmp_path
     with pytest.raises(InputError, match=f"{path}, record {field}: .*{rule}"):
         summarise(tmp_path)
     assert main(["--run-dir", str(tmp_path)]) == 2
+
+
+def test_headline_says_not_tested_when_too_few_bars_differ(tmp_path):
+    spike = np.zeros(20)
+    spike[3] = 5.0
+    _fold(tmp_path, 0, folds=1, bars=np.zeros(20), base_bars={"ofi_rule": spike, "flat": np.zeros(20)})
+    assert main(["--run-dir", str(tmp_path)]) == 0
+    head = json.loads((tmp_path / "summary.json").read_text())["headline"]
+    assert head["edge_vs_best_baseline"]["best"] == "ofi_rule" and head["edge_vs_best_baseline"]["p_value_best"] is None
+    assert "SPA p not tested (too few differing bars); beats every baseline: not tested." in head["lines"][1]

@@ -84,6 +84,11 @@ def test_edge_vs_baselines_finds_a_planted_edge_and_not_a_null_one():
     worse = edge_vs_baselines(base - 3 + rng.normal(0, 2, 300), {"ofi_rule": base})
     assert worse["p_value_best"] > 0.2 and worse["edge_ci"][1] < 0
     assert edge_vs_baselines(base[:5], {"ofi_rule": base[:5]}) is None  # too few bars
+    spike = np.zeros(20)
+    spike[3] = 5.0  # one lucky bar of 20: no interval, no test (the bootstrap once gave p 0.045 here)
+    few = edge_vs_baselines(spike, {"flat": np.zeros(20), "same": spike})
+    assert few["baselines"]["flat"]["spa_p_value"] is None and few["baselines"]["flat"]["edge_ci"] is None
+    assert few["baselines"]["same"]["spa_p_value"] == 1.0 and few["p_value_all"] is None
     with pytest.raises(ValueError, match="paired"):
         edge_vs_baselines(base, {"flat": base[:-1]})
 

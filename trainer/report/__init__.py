@@ -447,10 +447,12 @@ def headline(summary: dict[str, Any]) -> dict[str, Any]:
                      f"{stats.MIN_BARS} bars).")
     else:
         ci = "–" if e["edge_ci"] is None else f"[{e['edge_ci'][0]:+.2f}, {e['edge_ci'][1]:+.2f}]"
+        p_best = "not tested (too few differing bars)" if e["p_value_best"] is None else fmt_p(e["p_value_best"])
+        beats = ("not tested" if e["p_value_all"] is None else
+                 f"{'yes' if e['p_value_all'] < 0.05 else 'no'} (largest p {fmt_p(e['p_value_all'])})")
         lines.append(f"Edge vs best baseline ({e['best']}): {e['edge_mean']:+.2f} per bar, 95 % CI {ci} "
-                     f"({e['edge_total']:+.2f} over {e['n_bars']} bars); SPA p {fmt_p(e['p_value_best'])}; "
-                     f"beats every baseline: {'yes' if e['p_value_all'] < 0.05 else 'no'} "
-                     f"(largest p {fmt_p(e['p_value_all'])}).")
+                     f"({e['edge_total']:+.2f} over {e['n_bars']} bars); SPA p {p_best}; "
+                     f"beats every baseline: {beats}.")
     t = st["per_trade"]
     if t is not None and t["n"]:
         ci = "" if t["mean_ci"] is None else f" [{t['mean_ci'][0]:+.2f}, {t['mean_ci'][1]:+.2f}]"

@@ -104,7 +104,7 @@ def render_stats(st: dict[str, Any]) -> list[str]:
         lines += ["", "| vs baseline | its mean PnL / bar | agent − it, per bar [95 % CI] | SPA p |", "|---|---|---|---|"]
         for b, r in e["baselines"].items():
             lines.append(f"| {b}{' (best)' if b == e['best'] else ''} | {r['mean_pnl']:.2f} | "
-                         f"{r['edge_mean']:+.2f}{_ci(r['edge_ci'])} | {fmt_p(r['spa_p_value'])} |")
+                         f"{r['edge_mean']:+.2f}{_ci(r['edge_ci'])} | {'–' if r['spa_p_value'] is None else fmt_p(r['spa_p_value'])} |")
     return lines
 
 

@@ -153,7 +153,8 @@ def edge_vs_baselines(agent: Sequence[float] | np.ndarray, baselines: dict[str, 
     as the benchmark, the agent as the one model; H0: the agent is not better). The best baseline is the one with
     the largest mean PnL on this sample. `p_value_all` = the largest per-baseline p-value: the agent beats every
     baseline at level α when it is below α (an intersection-union test needs no multiplicity correction).
-    None when there are fewer than MIN_BARS paired bars or no baseline."""
+    Interval and p-value need MIN_BARS bars where the two differ (else None; p 1.0 when they never differ; then
+    `p_value_all` is None if any p is). None when there are fewer than MIN_BARS paired bars or no baseline."""
     a = _clean(agent, "agent bar PnL")
     if a.size < MIN_BARS or not baselines:
         return None
@@ -163,9 +164,11 @@ def edge_vs_baselines(agent: Sequence[float] | np.ndarray, baselines: dict[str, 
         if b.shape != a.shape:
             raise ValueError(f"baseline {name}: {b.size} bars, the agent has {a.size} (series must be paired)")
         d = a - b
+        differ = int(np.count_nonzero(d))
         row = {"mean_pnl": float(b.mean()), "edge_mean": float(d.mean()), "edge_total": float(d.sum()),
-               "edge_ci": None, "spa_p_value": 1.0 if not np.any(d) else None}
-        if np.any(d):
+               "bars_differ": differ, "edge_ci": None, "spa_p_value": 1.0 if differ == 0 else None}
+        # a handful of differing bars makes every resample look alike (one lucky bar gave p 0.045 of 20): no test
+        if differ >= MIN_BARS:
             ci = StationaryBootstrap(max(1.0, math.sqrt(a.size)), d, seed=seed).conf_int(
                 np.mean, reps=reps, method="percentile")
             row["edge_ci"] = [float(ci[0, 0]), float(ci[1, 0])]
@@ -176,7 +179,8 @@ def edge_vs_baselines(agent: Sequence[float] | np.ndarray, baselines: dict[str, 
     best = max(out["baselines"], key=lambda k: out["baselines"][k]["mean_pnl"])
     out.update(best=best, **{k: out["baselines"][best][k] for k in ("edge_mean", "edge_total", "edge_ci")},
                p_value_best=out["baselines"][best]["spa_p_value"],
-               p_value_all=max(r["spa_p_value"] for r in out["baselines"].values()))
+               p_value_all=None if any(r["spa_p_value"] is None for r in out["baselines"].values())
+               else max(r["spa_p_value"] for r in out["baselines"].values()))
     return out
 
 
