@@ -93,6 +93,16 @@ def test_continuous_pass_equity_positions_and_trip_count_are_consistent(market):
     assert all(math.isfinite(res.metrics[k]) for k in ("sharpe", "sortino", "calmar", "max_drawdown"))
 
 
+def test_continuous_pass_samples_add_up_to_its_net_pnl_and_count_its_trips(market):
+    tape, feats = market
+    m = evaluate(_sign_policy, feats, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=8)).metrics
+    net = m["continuous_net_pnl"]
+    # the path starts and ends flat: bars, days and closed trips each partition the whole PnL
+    assert len(m["trade_pnl"]) == m["continuous_trades"] and sum(m["trade_pnl"]) == pytest.approx(net)
+    assert len(m["bar_pnl"]) == m["n_bars"] and sum(m["bar_pnl"]) == pytest.approx(net)
+    assert len(m["day_pnl"]) == 2 and sum(m["day_pnl"]) == pytest.approx(net)  # the window spans two UTC days
+
+
 def test_flat_baseline_never_trades(market):
     tape, feats = market
     m = evaluate(flat_policy(), feats, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=8)).metrics
@@ -139,6 +149,8 @@ def test_baselines_run_through_the_same_evaluation(market):
     again = evaluate(ofi_rule_policy(NAMES), feats, tape, SIM, W, START, STOP, cfg=cfg).metrics
     assert b["ofi_rule"]["net_pnl"] == again["net_pnl"] and b["ofi_rule"]["trades"] == again["trades"] > 0
     assert b["flat"]["trades"] == 0 and b["random"]["trades"] > 0
+    agent = evaluate(_sign_policy, feats, tape, SIM, W, START, STOP, cfg=cfg).metrics
+    assert {len(m["bar_pnl"]) for m in b.values()} == {len(agent["bar_pnl"])}  # paired bars for the reality check
 
 
 def test_eval_config_and_short_window_are_refused(market):

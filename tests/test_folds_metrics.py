@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 from trainer.folds.metrics import (bar_ends, bar_returns, bars_per_day, edge_stats, edge_sums, entropy_nats,
-                                   equity_metrics, holding_periods, holding_time, max_drawdown, mid_edge, t_statistic)
+                                   day_pnls, equity_metrics, holding_periods, holding_time, max_drawdown, mid_edge,
+                                   t_statistic, trade_pnls)
 
 S = 1_000_000_000  # ns per second
 BAR = 300 * S
@@ -158,3 +159,25 @@ def test_edge_stats_without_spread_or_steps_give_no_t():
     assert edge_stats(edge_sums(np.array([6.25])))["mid_edge_tstat"] is None  # n = 1
     same = edge_stats(edge_sums(np.full(1000, 0.1)))  # equal values: sums carry round-off, still no t
     assert same["mid_edge_tstat"] is None and same["mid_hit_rate"] == 1.0
+
+
+def test_trade_pnls_hand_case_with_a_flip():
+    # points:   0   1   2   3   4   5   6   7
+    pos = [0, 1, 1, 0, 0, -2, 2, 0]
+    eq = [0.0, -1.0, 4.0, 3.0, 3.0, 1.0, -6.0, 2.0]
+    # trip 1 opens at 1 (flat at 0), closes at 3: 3 - 0; trip 2 opens at 5 (flat at 4), closes at the flip at 6:
+    # -6 - 3 (the flip's fees land here); trip 3 opens at the flip point 6, closes at 7: 2 - (-6)
+    assert trade_pnls(np.array(eq), np.array(pos)).tolist() == [3.0, -9.0, 8.0]
+    assert trade_pnls(np.zeros(3), np.zeros(3, np.int64)).size == 0
+    assert trade_pnls(np.array([0.0, 1.0, 2.0]), np.array([0, 1, 1])).size == 0  # still open: not a trade
+
+
+def test_day_pnls_measure_each_day_from_the_previous_days_close():
+    day = 86_400 * S
+    ts = np.array([1, 2, 3, day + 1, day + 2, 3 * day + 5], dtype=np.int64)
+    eq = np.array([0.0, 5.0, 4.0, 10.0, 7.0, 9.0])
+    assert day_pnls(eq, ts).tolist() == [4.0, 3.0, 2.0]
+    # days that open at 22:00 UTC (offset -2 h): 23:00 starts the next day; at UTC midnight all three are one day
+    ts2 = np.array([0, 21 * 3600 * S, 23 * 3600 * S], dtype=np.int64)
+    assert day_pnls(np.array([0.0, 1.0, 3.0]), ts2, day_offset_ns=-2 * 3600 * S).tolist() == [1.0, 2.0]
+    assert day_pnls(np.array([0.0, 1.0, 3.0]), ts2).tolist() == [3.0]

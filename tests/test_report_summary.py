@@ -122,8 +122,8 @@ def test_cli_writes_summary_report_and_plots_and_strict_exit_codes(tmp_path, cap
     for png in ("equity.png", "training.png"):
         assert (tmp_path / png).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     md = (tmp_path / "report.md").read_text()
-    assert "| fold | win rate |" in md and "ofi_rule net PnL" in md and "random win" in md
-    assert md.count("\n| 2 | 0.400 |") == 1 and "win_rate_every_fold" in md
+    assert "| fold | outcome | win rate |" in md and "ofi_rule net PnL" in md and "random win" in md
+    assert md.count("\n| 2 | traded | 0.400 |") == 1 and "win_rate_every_fold" in md
     assert not list(tmp_path.glob(".*tmp*"))  # temp files renamed away
     line = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
     assert line["event"] == "report" and "win_rate_every_fold" in line["failed_gates"]
@@ -176,8 +176,11 @@ def _edges(seed, n, bias=0.0):
 def test_leakage_pools_the_folds_mid_edges_exactly_and_suspects_nothing_on_noise(tmp_path):
     folds = [_edges(s, n) for s, n in ((1, 400), (2, 650), (3, 520))]
     for i, (e, net) in enumerate(zip(folds, (-2400.0, -900.0, -3100.0))):
-        _fold(tmp_path, i, win=0.3, net=net, edge=e)
-    leak = summarise(tmp_path)["leakage"]
+        _fold(tmp_path, i, curves=False)
+        _fold(tmp_path / "control", i, win=0.3, net=net, edge=e, curves=False)
+    s = summarise(tmp_path)["leakage"]
+    assert s["control_dir"] == str(tmp_path / "control") and s["leak_suspected"] is False
+    leak = s["control"]
     nz = np.concatenate(folds)
     nz = nz[nz != 0]
     assert leak["mid_edge_n"] == nz.size > 1000
@@ -202,8 +205,11 @@ def test_each_leakage_rule_alone_raises_the_suspicion(tmp_path, kind):
         edges = [_edges(s, 500) for s in range(3)]
     nets = (100.0, 110.0, 120.0) if kind == "net_pnl" else (-100.0, 50.0, -20.0)
     for i, (e, net) in enumerate(zip(edges, nets)):
-        _fold(tmp_path, i, net=net, edge=e)
-    leak = summarise(tmp_path, leak_cfg=cfg)["leakage"]
+        _fold(tmp_path, i, curves=False)
+        _fold(tmp_path / "control", i, net=net, edge=e, curves=False)
+    s = summarise(tmp_path, leak_cfg=cfg)["leakage"]
+    leak = s["control"]
+    assert s["leak_suspected"] is True and s["words"].startswith("LEAK SUSPECTED: edge on the control market")
     assert leak["leak_suspected"] is True and len(leak["reasons"]) == 1
     assert {"tstat": "mid-edge t", "hit_rate": "hit rate", "net_pnl": "net-PnL t"}[kind] in leak["reasons"][0]
     if kind == "hit_rate":
@@ -215,31 +221,38 @@ def test_each_leakage_rule_alone_raises_the_suspicion(tmp_path, kind):
 def test_leakage_detects_a_small_directional_bias_pooled_over_folds(tmp_path):
     # 8 % of the steps move one tick more with the position: not every fold shows it alone, the pooled t does
     for i in range(3):
-        _fold(tmp_path, i, win=0.3, net=-500.0, edge=_edges(10 + i, 900, bias=0.08))
+        _fold(tmp_path, i, win=0.3, net=-500.0, curves=False)
+        _fold(tmp_path / "control", i, win=0.3, net=-500.0, edge=_edges(10 + i, 900, bias=0.08), curves=False)
     s = summarise(tmp_path)
-    per_fold = [f["mid_edge_tstat"] for f in s["leakage"]["folds"].values()]
-    assert s["leakage"]["mid_edge_tstat"] > 2 and min(per_fold) < 2
+    per_fold = [f["mid_edge_tstat"] for f in s["leakage"]["control"]["folds"].values()]
+    assert s["leakage"]["control"]["mid_edge_tstat"] > 2 and min(per_fold) < 2
     assert s["leakage"]["leak_suspected"] is True and s["verdict"] == "fail"  # the verdict comes from the gates
 
 
 def test_folds_without_mid_edge_are_listed_and_left_out_of_the_pool(tmp_path):
-    _fold(tmp_path, 0, edge=_edges(1, 300))
-    _fold(tmp_path, 1)  # an older result.json without the mid edge
-    leak = summarise(tmp_path)["leakage"]
+    for i in (0, 1):
+        _fold(tmp_path, i, curves=False)
+    _fold(tmp_path / "control", 0, edge=_edges(1, 300), curves=False)
+    _fold(tmp_path / "control", 1, curves=False)  # an older result.json without the mid edge
+    leak = summarise(tmp_path)["leakage"]["control"]
     assert leak["folds_without_mid_edge"] == [1] and list(leak["folds"]) == ["0"]
     assert leak["mid_edge_n"] == int(np.sum(_edges(1, 300) != 0))
     for i in (0, 1):
-        _fold(tmp_path / "old", i, folds=2, net=500.0 + i)
-    leak = summarise(tmp_path / "old")["leakage"]  # no fold has it: nothing to pool, no suspicion from it
+        _fold(tmp_path / "old", i, folds=2, curves=False)
+        _fold(tmp_path / "old" / "control", i, folds=2, net=500.0 + i, curves=False)
+    s = summarise(tmp_path / "old")["leakage"]  # no fold has it: nothing to pool, no suspicion from it
+    leak = s["control"]
     assert leak["mid_edge_n"] == 0 and leak["mid_edge_tstat"] is None and leak["mid_hit_rate"] is None
-    assert leak["folds_without_mid_edge"] == [0, 1] and leak["leak_suspected"] is True  # net PnL t = 1001: still judged
+    assert leak["folds_without_mid_edge"] == [0, 1] and s["leak_suspected"] is True  # net PnL t = 1001: still judged
 
 
 def test_report_markdown_has_the_leakage_section(tmp_path, capsys):
     for i in range(3):
-        _fold(tmp_path, i, edge=_edges(i, 300), net=-100.0 * (i + 1), curves=False)
-    assert main(["--run-dir", str(tmp_path)]) == 0
+        _fold(tmp_path, i, edge=_edges(20 + i, 300), curves=False)
+        _fold(tmp_path / "ctl", i, edge=_edges(i, 300), net=-100.0 * (i + 1), curves=False)
+    assert main(["--run-dir", str(tmp_path), "--control", str(tmp_path / "ctl")]) == 0
     md = (tmp_path / "report.md").read_text()
-    assert "## Leakage guard" in md and "| pooled |" in md and "**no leak suspected**" in md
+    assert "## Leakage guard" in md and md.count("| pooled |") == 2
+    assert "**no edge found on the signal market, none on the control**" in md and "LEAK" not in md
     assert json.loads((tmp_path / "summary.json").read_text())["leakage"]["leak_suspected"] is False
     assert json.loads(capsys.readouterr().out.strip().splitlines()[-1])["leak_suspected"] is False

@@ -9,6 +9,7 @@ Grammar (see docs/data.md):
     dbn:mbp10=DIR_OR_FILE,trades=DIR_OR_FILE[,symbol=SYM,tick=0.25,tick_value=12.5]
     dbn-mbo:FILE[,FILE...][;symbol=ESH4,levels=10,tick=...,tick_value=...]
     lobster:PATH[;levels=N]
+    any of them [,fee=cme-es|us-equity|crypto|none]   (venue fee schedule, trainer.data.fees)
 
 Separators never collide with paths: items are split on every "," and ";" first, and each value
 is then percent-decoded, so a path containing ",", ";", "=" or "%" is written with %2C, %3B, %3D,
@@ -33,11 +34,13 @@ __all__ = ["ParsedSpec", "parse_spec", "quote_path", "spec_from_dirs", "load_tap
 
 KINDS = ("synthetic", "dbn", "dbn-mbo", "lobster")
 _KEYS = {
-    "synthetic": {"seed": int, "days": int, "signal": float},
-    "dbn": {"mbp10": str, "trades": str, "symbol": str, "tick": float, "tick_value": float},
-    "dbn-mbo": {"symbol": str, "levels": int, "tick": float, "tick_value": float},
-    "lobster": {"levels": int},
+    "synthetic": {"seed": int, "days": int, "signal": float, "fee": str},
+    "dbn": {"mbp10": str, "trades": str, "symbol": str, "tick": float, "tick_value": float, "fee": str},
+    "dbn-mbo": {"symbol": str, "levels": int, "tick": float, "tick_value": float, "fee": str},
+    "lobster": {"levels": int, "fee": str},
 }
+# fee=NAME picks the venue fee schedule (trainer.data.fees); without it the kind's default (CME futures for
+# synthetic/dbn/dbn-mbo, US equity for lobster). The readers ignore it.
 _POSITIONAL = {"synthetic": (0, 0), "dbn": (0, 0), "dbn-mbo": (1, None), "lobster": (1, 1)}  # (min, max) paths
 
 

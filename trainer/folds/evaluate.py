@@ -22,8 +22,8 @@ import numpy as np
 import torch
 
 from trainer.features.decision import DecisionTape
-from trainer.folds.metrics import (TRADING_DAYS_PER_YEAR, bars_per_day, edge_stats, edge_sums, entropy_nats,
-                                   equity_metrics, holding_time, mid_edge)
+from trainer.folds.metrics import (TRADING_DAYS_PER_YEAR, bar_returns, bars_per_day, day_pnls, edge_stats, edge_sums,
+                                   entropy_nats, equity_metrics, holding_time, mid_edge, trade_pnls)
 from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, Simulator, SimConfig
 from trainer.settings import EvalConfig  # defined with the torch-free sections of the config tree
 from trainer.sim.actions import DIRECTION_NAMES
@@ -32,8 +32,10 @@ from trainer.sim.actions import DIRECTION_NAMES
 Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 HEADLINE = ("win_rate", "net_pnl", "gross_pnl", "fees", "trades", "sharpe", "max_drawdown", "hold_frac",
-            "time_in_market", "mean_holding_seconds", "turnover_contracts", "mid_edge", "mid_edge_tstat", "mid_hit_rate", "mid_edge_n")
-"""The metrics kept for baselines in result.json (a small dict each)."""
+            "time_in_market", "mean_holding_seconds", "turnover_contracts", "mid_edge", "mid_edge_tstat", "mid_hit_rate",
+            "mid_edge_n", "bar_pnl")
+"""The metrics kept for baselines in result.json (a small dict each; `bar_pnl` is on the agent's bar grid, so the
+report pairs it with the agent's for the reality check)."""
 
 
 @dataclass
@@ -132,6 +134,7 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
       limit_fill_rate           limit orders completely filled / placed
       sharpe, sortino, max_drawdown, calmar, annual_pnl   continuous pass, bar returns (trainer.folds.metrics)
       mean_holding_steps/_seconds   continuous pass, closed trips
+      bar_pnl, trade_pnl, day_pnl   continuous pass: PnL per non-empty bar, per closed trip, per trading day (lists)
       time_in_market            continuous pass: share of decision intervals spent with a nonzero position
       mid_edge, mid_edge_tstat, mid_hit_rate, mid_edge_n (+ mid_edge_sumsq, mid_edge_wins for exact pooling)
                                 continuous pass: cost-free mark-to-mid PnL of the decided positions over the nonzero
@@ -189,5 +192,9 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
         **equity_metrics(equity, ts, bar_ns, bars_year),
         **holding_time(position, ts),
         **edge_summary,
+        # the samples behind the report's intervals (trainer.report.stats), continuous pass, currency
+        "bar_pnl": [float(v) for v in bar_returns(equity, ts, bar_ns)],
+        "trade_pnl": [float(v) for v in trade_pnls(equity, position)],
+        "day_pnl": [float(v) for v in day_pnls(equity, ts, day_offset_ns)],
     }
     return EvalResult(metrics=metrics, equity=equity, ts_ns=ts, position=position, edge=edge)

@@ -121,6 +121,32 @@ def holding_periods(position: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return opens[closed].astype(np.int64), change[nxt[closed]].astype(np.int64)
 
 
+def trade_pnls(equity: np.ndarray, position: np.ndarray) -> np.ndarray:
+    """(n_trips,) float64 net PnL (currency) of each closed round trip of a recorded path, in close order.
+
+    equity, position: (n,) at the same points (the continuous pass). Trip k runs from the point before it opens
+    (flat there, so the entry fill and fee are inside) to its close; a trip opened by a flip starts at the flip
+    point, so the flip step's fills and fees count once, in the trip it closes. Flat stretches between trips add
+    nothing (no fills, no mark). The per-trip sample behind the per-trade Sharpe (trainer.report.stats)."""
+    eq = np.asarray(equity, dtype=np.float64)
+    pos = np.asarray(position, dtype=np.int64)
+    if eq.shape != pos.shape:
+        raise ValueError(f"equity {eq.shape} and position {pos.shape} must have the same shape")
+    opens, closes = holding_periods(pos)
+    if opens.size == 0:
+        return np.zeros(0)
+    flat_before = np.where(opens > 0, pos[np.maximum(opens - 1, 0)] == 0, False)
+    starts = np.where(flat_before, opens - 1, opens)
+    return eq[closes] - eq[starts]
+
+
+def day_pnls(equity: np.ndarray, ts_ns: np.ndarray, day_offset_ns: int = 0) -> np.ndarray:
+    """PnL per trading day with decisions (days start at UTC midnight + day_offset_ns): the equity at each day's
+    last point minus the previous day's (the first from equity[0]); the per-day sample of the report."""
+    ts = np.asarray(ts_ns, dtype=np.int64) - int(day_offset_ns)
+    return bar_returns(equity, ts, NS_PER_DAY)
+
+
 def holding_time(position: np.ndarray, ts_ns: np.ndarray) -> dict[str, float]:
     """Mean holding time of the closed round trips of a position path, in decision steps and in seconds, and
     `time_in_market`: the share of the path's intervals (t, t+1] that start with a nonzero position."""
