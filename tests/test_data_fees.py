@@ -60,3 +60,29 @@ def test_reference_price_of_the_amzn_sample_is_its_share_price(shared_data):
 def test_venue_fees_on_the_cme_default_keep_the_simulators_fee():
     v = venue_fees("synthetic:seed=1", [19_000, 0], [19_001, 19_002], 12.5)  # the row without a bid is left out
     assert v["ref_price"] == 19_000.5 * 12.5 and (v["maker_fee"], v["taker_fee"]) == (1.40, 1.40)
+
+
+@pytest.mark.slow
+def test_a_lobster_training_run_charges_the_us_equity_schedule_and_run_json_says_so(shared_data, tmp_path):
+    """The trainer (SimConfig.fees='venue') sets the simulator's fees from the data's schedule; 'manual' keeps them."""
+    import json
+    import os
+    import subprocess
+    import sys
+
+    spec = f"lobster:{shared_data / 'lobster/LOBSTER_SampleFile_AMZN_2012-06-21_5.zip'}"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    for fees, run in (("venue", tmp_path / "venue"), ("manual", tmp_path / "manual")):
+        cmd = [sys.executable, "-m", "trainer.train", "--run-dir", str(run), "--fold", "0", "--folds", "3",
+               "--data", spec, "--preset", "smoke", "--n-steps", "40", "--loop.select-frac", "0",
+               "--sim.fees", fees, "--fxcache", str(tmp_path / "fxcache")]
+        proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
+        assert proc.returncode == 0, proc.stderr[-2000:]
+    venue = json.loads((tmp_path / "venue" / "run.json").read_text())
+    assert venue["fees"]["schedule"] == "us-equity"
+    sim = venue["config"]["sim"]
+    assert (sim["maker_fee"], sim["taker_fee"]) == (venue["fees"]["maker_fee"], venue["fees"]["taker_fee"])
+    assert 0.003 < sim["taker_fee"] < 0.007 and sim["maker_fee"] < sim["taker_fee"]  # cents a share, not 1.40
+    manual = json.loads((tmp_path / "manual" / "run.json").read_text())
+    assert "fees" not in manual and (manual["config"]["sim"]["maker_fee"], manual["config"]["sim"]["taker_fee"]) \
+        == (SimConfig().maker_fee, SimConfig().taker_fee)

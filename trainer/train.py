@@ -18,6 +18,7 @@ import torch
 from trainer.checkpoint.resume import FileCheckpointer, fingerprint, open_mirror, restore, tensor_layout
 from trainer.cli import Invocation, parse
 from trainer.errors import EXIT_BAD_INPUT, EXIT_CUDA_OOM, EXIT_OK, EXIT_SIGTERM, KillCriterion, exit_code_for
+from trainer.data.fees import venue_fees
 from trainer.features.cache import load_or_build
 from trainer.features.compute import Normaliser
 from trainer.folds.chain import wait_for_previous, warm_start
@@ -45,6 +46,10 @@ def run(inv: Invocation) -> int:
 
     # features: the fxcache (built once per data spec + feature config; skipped when present)
     fs, skipped = load_or_build(cfg.data, cfg.features, opts.fxcache_dir())
+    fees = None
+    if cfg.sim.fees == "venue":  # the data's venue fee schedule sets what the simulator charges
+        fees = venue_fees(cfg.data, fs.decision.bid_px[:, 0], fs.decision.ask_px[:, 0], fs.decision.tick_value)
+        cfg = cfg.replace(sim={"maker_fee": fees["maker_fee"], "taker_fee": fees["taker_fee"]})
     log.event("features", key=fs.key, rows=int(fs.raw.shape[0]), features=int(fs.raw.shape[1]), skipped=skipped)
     if cfg.loop.compile != "none":  # inductor reads the variable at its first compile
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = opts.inductor_cache_dir()
@@ -57,7 +62,7 @@ def run(inv: Invocation) -> int:
         log = JsonLog(n, copy_to=metrics_file)
         trainer = FoldTrainer(cfg, features, fs.decision, Window(train_w.start, train_w.stop), n, log)
         fp = fingerprint(fingerprint_config(cfg.to_dict()), fs.key, tensor_layout(trainer.state_dict()))
-        write_run_json(opts.run_dir, cfg, fs, trainer)
+        write_run_json(opts.run_dir, cfg, fs, trainer, fees)
         mirror = open_mirror(opts.s3_bucket, opts.s3_fold_prefix(n), fold_dir, log.event)
         resumed = restore(trainer, fold_dir, fp, opts.resume_from, log)
         if resumed is None and chained:

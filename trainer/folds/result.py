@@ -111,9 +111,11 @@ def write_result(fold_dir: Path, result: FoldResult, equity: np.ndarray) -> dict
     return record
 
 
-def write_run_json(run_dir: Path, cfg: TrainConfig, fs: FeatureSet, trainer: FoldTrainer) -> dict:
+def write_run_json(run_dir: Path, cfg: TrainConfig, fs: FeatureSet, trainer: FoldTrainer,
+                   fees: dict | None = None) -> dict:
     """RUN/run.json, once per run (the first fold to get here writes it): the resolved config without the fold
-    index (the folds share it), the features, the instrument and the versions."""
+    index (the folds share it), the features, the instrument, the venue fee schedule the simulator charged
+    (`fees`, trainer.data.fees.venue_fees; absent with SimConfig.fees='manual') and the versions."""
     config = cfg.to_dict()
     config["folds"].pop("fold")
     info = {"config": config,
@@ -121,6 +123,8 @@ def write_run_json(run_dir: Path, cfg: TrainConfig, fs: FeatureSet, trainer: Fol
             "feature_key": fs.key, "feature_names": list(fs.names), "instrument": dataclasses.asdict(fs.instrument),
             "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
             "data_fingerprint": hashlib.sha256(fs.key.encode()).hexdigest()}
+    if fees is not None:
+        info["fees"] = fees
     path = run_dir / "run.json"
     if not path.exists():
         atomic_write_text(path, json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")

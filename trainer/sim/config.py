@@ -22,6 +22,10 @@ class SimConfig:
     for one E-mini S&P 500 (ES) contract per side for a non-member; ES has no maker rebate, so maker = taker."""
     taker_fee: float = 1.40
     """Currency per contract per aggressive (market) fill; default as for maker_fee (CME ES, approximate)."""
+    fees: str = "venue"
+    """Where maker_fee / taker_fee come from: 'venue' (the trainer sets both from the data's venue fee schedule,
+    trainer/data/fees.py: CME ES per contract for DBN and synthetic data, US equity per share with SEC/FINRA fees
+    for LOBSTER, or the SPEC's `fee=NAME`) or 'manual' (the two fields as given)."""
     urgency_lifetimes: tuple[int, int, int] = (1, 5, 20)
     """Steps an unfilled limit order works, per urgency choice, before `on_expiry` applies (each >= 1)."""
     on_expiry: str = "cancel"
@@ -73,6 +77,8 @@ class SimConfig:
                 raise bad(name, v, "must be finite and >= 0")
         if len(self.urgency_lifetimes) != 3 or not all(isinstance(x, int) and x >= 1 for x in self.urgency_lifetimes):
             raise bad("urgency_lifetimes", self.urgency_lifetimes, "must be 3 ints >= 1")
+        if self.fees not in ("venue", "manual"):
+            raise bad("fees", self.fees, "must be 'venue' or 'manual'")
         if self.on_expiry not in ("cancel", "market"):
             raise bad("on_expiry", self.on_expiry, "must be 'cancel' or 'market'")
         if not (isinstance(self.beyond_depth_ticks, int) and self.beyond_depth_ticks >= 0):
