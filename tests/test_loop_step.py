@@ -31,7 +31,7 @@ def _trainer(device: str = "cpu", n_envs: int = 16, seed: int = 0, rows: int = 3
         sim={"n_envs": n_envs, "seed": seed},
         agent={"batch_size": 32, "window": 8, "d_model": 16, **agent},
         loop={"device": device, "seed": seed, "learning_starts": 8, "n_steps": 40, "log_every": 20,
-              "compile": compile, "overlap": overlap},
+              "compile": compile, "overlap": overlap, "select_frac": 0.0},
     )
     tape = random_decision_tape(rows, levels=10, radius=16, seed=seed)
     features = np.random.default_rng(seed).standard_normal((rows, 23)).astype(np.float32)

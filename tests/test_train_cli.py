@@ -34,7 +34,7 @@ def test_flags_override_their_config_fields_and_leave_the_preset_alone():
 
 def test_defaults_are_the_preset():
     cfg = _cfg("--preset", "smoke")
-    assert cfg.sim.inventory_penalty == 0.0 and cfg.loop.compile == "none"
+    assert cfg.sim.inventory_penalty == 0.6 and cfg.loop.compile == "none"
     assert dataclasses.replace(cfg, folds=preset("smoke").folds) == preset("smoke")
 
 
@@ -43,6 +43,7 @@ def test_defaults_are_the_preset():
 NAMED_VALUES = {
     ("features", "clock"): ["time"], ("sim", "on_expiry"): ["market"], ("agent", "encoder"): ["gru"],
     ("agent", "scan"): ["parallel"], ("loop", "device"): ["cpu"], ("sim", "magnitudes"): ["0.25", "0.5", "1.0"],
+    ("sim", "order_types"): ["market", "ioc", "post_only"],
 }
 
 
@@ -50,7 +51,8 @@ def _other_value(section: str, name: str, default: object, annotation: object) -
     """(command-line words, parsed value) of a valid value different from `default`."""
     if (section, name) in NAMED_VALUES:
         words = NAMED_VALUES[section, name]
-        value = tuple(float(w) for w in words) if len(words) > 1 else words[0]
+        numeric = all(w.replace(".", "", 1).isdigit() for w in words)
+        value = (tuple(float(w) for w in words) if numeric else tuple(words)) if len(words) > 1 else words[0]
         return words, value
     choices = typing.get_args(annotation) if typing.get_origin(annotation) is typing.Literal else ()
     if choices:

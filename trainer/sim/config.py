@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Literal
 
 from trainer.sim.actions import ORDER_KINDS, ORDER_TYPE_NAMES
 
@@ -22,7 +23,7 @@ class SimConfig:
     for one E-mini S&P 500 (ES) contract per side for a non-member; ES has no maker rebate, so maker = taker."""
     taker_fee: float = 1.40
     """Currency per contract per aggressive (market) fill; default as for maker_fee (CME ES, approximate)."""
-    fees: str = "venue"
+    fees: Literal["venue", "manual"] = "venue"
     """Where maker_fee / taker_fee come from: 'venue' (the trainer sets both from the data's venue fee schedule,
     trainer/data/fees.py: CME ES per contract for DBN and synthetic data, US equity per share with SEC/FINRA fees
     for LOBSTER, or the SPEC's `fee=NAME`) or 'manual' (the two fields as given)."""
