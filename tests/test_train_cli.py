@@ -46,6 +46,33 @@ def test_autotune_compiles_everything_and_is_refused_with_deterministic():
         _cfg("--preset", "h100", "--compile", "autotune", "--deterministic")
 
 
+def _replica(*extra: str):
+    args = train.build_parser().parse_args(["--run-dir", "/tmp/x", "--fold", "1", "--folds", "3", *extra])
+    return train.replica_fold(args, train.config_from_args(args))
+
+
+def test_replica_0_is_todays_fold_dir_and_config():
+    cfg, path = _replica("--seed", "9")
+    assert str(path) == "/tmp/x/fold1" and cfg == _cfg("--seed", "9")
+
+
+def test_replica_s_writes_under_fold_seed_s_and_trains_with_base_seed_plus_s():
+    cfg, path = _replica("--seed", "9", "--replica", "2")
+    assert str(path) == "/tmp/x/fold1/seed2"
+    assert cfg.loop.seed == 11 and cfg.sim.seed == 11
+    base = _cfg("--seed", "9")
+    assert cfg.replace(loop={"seed": 9}, sim={"seed": 9}) == base  # nothing else differs
+    smoke = preset("smoke")  # without --seed the preset's seeds are the base
+    cfg, _ = _replica("--preset", "smoke", "--replica", "3")
+    assert (cfg.loop.seed, cfg.sim.seed) == (smoke.loop.seed + 3, smoke.sim.seed + 3)
+
+
+def test_a_negative_replica_exits_2_naming_it(tmp_path, capsys):
+    code = train.main(["--run-dir", str(tmp_path), "--fold", "0", "--folds", "2", "--replica", "-1"])
+    assert code == 2 and "replica must be an integer >= 0, got -1" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
+
+
 @pytest.mark.slow
 def test_compiled_runs_share_the_inductor_cache_beside_the_runs(tmp_path):
     """--compile puts torch.compile's cache at RUN/../inductor-cache (the PVC in the cluster): the second run of the

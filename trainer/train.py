@@ -70,6 +70,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--chain-wait-seconds", type=float, default=0.0,
                    help="chain mode: wait this long for fold N-1's result.json before refusing (exit 2)")
     p.add_argument("--embargo-rows", type=int, default=0, help="decision rows left out between windows")
+    p.add_argument("--replica", type=int, default=0,
+                   help="seed index S of a multi-seed run: writes RUN/fold<N>/seed<S>/ and trains with seed = base "
+                        "seed + S (default 0: RUN/fold<N>/, the base seed)")
     p.add_argument("--attempt", type=int, default=0, help="retry attempt number (Argo {{retries}}), logged")
     p.add_argument("--s3-bucket", default=os.environ.get("ALPHA_RL_S3_BUCKET"),
                    help="mirror checkpoints to s3://BUCKET/PREFIX/<sha>/fold<N>/ (env ALPHA_RL_S3_BUCKET)")
@@ -126,6 +129,18 @@ def config_from_args(args: argparse.Namespace):
             value = text
         overrides.setdefault(section, {})[name] = value
     return cfg.replace(**overrides) if overrides else cfg
+
+
+def replica_fold(args: argparse.Namespace, cfg):
+    """(cfg, fold dir) of seed index --replica S: RUN/fold<N>/seed<S> with loop and sim seeds raised by S; S = 0 is
+    RUN/fold<N> with cfg untouched (trainer/folds/layout.py, docs/checkpoints.md)."""
+    from trainer.folds.layout import fold_dir, replica_seed
+
+    path = fold_dir(args.run_dir, args.fold, args.replica)  # ValueError (exit 2) for a negative index
+    if args.replica == 0:
+        return cfg, path
+    return cfg.replace(loop={"seed": replica_seed(cfg.loop.seed, args.replica)},
+                       sim={"seed": replica_seed(cfg.sim.seed, args.replica)}), path
 
 
 def fingerprint(cfg_dict: dict, data_key: str, layout: dict) -> dict:
@@ -263,8 +278,7 @@ def run(args: argparse.Namespace) -> int:
     oom_at_step, oom_source = oom_hook_step(args)
     if not 0 <= args.fold < args.folds:
         raise ValueError(f"--fold must be in [0, {args.folds}), got {args.fold}")
-    cfg = config_from_args(args)
-    fold_dir = args.run_dir / f"fold{args.fold}"
+    cfg, fold_dir = replica_fold(args, config_from_args(args))
     result_path = fold_dir / "result.json"
     log = JsonLog(args.fold)
     if result_path.exists():
@@ -273,10 +287,11 @@ def run(args: argparse.Namespace) -> int:
     if args.fold_mode == "chain" and args.fold > 0:
         from trainer.folds.chain import wait_for_previous
 
-        wait_for_previous(args.run_dir, args.fold, args.chain_wait_seconds)  # InputError (exit 2) if unfinished
+        wait_for_previous(args.run_dir, args.fold, args.chain_wait_seconds, replica=args.replica)  # InputError (exit 2) if unfinished
     fold_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     log.event("start", attempt=args.attempt, run_dir=str(args.run_dir), folds=args.folds, data=cfg.data,
+              replica=args.replica, fold_dir=str(fold_dir), seed=cfg.loop.seed,
               preset=args.preset, host=platform.node(), torch=torch.__version__)
 
     # features: the fxcache (built once per data spec + feature config; skipped when present)
@@ -305,7 +320,7 @@ def run(args: argparse.Namespace) -> int:
         if resumed is None and args.fold_mode == "chain" and args.fold > 0:
             from trainer.folds.chain import warm_start
 
-            log.event("chain_warm_start", **warm_start(trainer, args.run_dir, fp))
+            log.event("chain_warm_start", **warm_start(trainer, args.run_dir, fp, replica=args.replica))
         log.event("resume" if resumed else "fresh", attempt=args.attempt,
                   checkpoint=resumed["path"] if resumed else None, env_step=trainer.env_step)
         meta = {"fingerprint": fp, "fold": args.fold, "folds": args.folds}
@@ -381,7 +396,11 @@ def _s3_mirror(args, fold_dir: Path, log):
         return None
     from trainer.checkpoint.s3 import S3Mirror
 
-    prefix = f"{args.s3_prefix.strip('/')}/{args.run_dir.name}/{fold_dir.name}"
+    from trainer.folds.layout import CONTROL_DIR
+
+    # <sha>/fold<N>[/seed<S>], and <sha>/control/... for the control market (its run dir is <sha>/control)
+    run = args.run_dir.name if args.run_dir.name != CONTROL_DIR else f"{args.run_dir.parent.name}/{CONTROL_DIR}"
+    prefix = f"{args.s3_prefix.strip('/')}/{run}/{fold_dir.relative_to(args.run_dir).as_posix()}"
     mirror = S3Mirror(args.s3_bucket, prefix, log=log.event)  # uploads, retries, restores as JSON log lines
     from trainer.checkpoint.store import latest_valid
 
