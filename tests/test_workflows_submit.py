@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows.submit import _parser, resolve_sha, workflow_parameters
+from workflows.submit import _parser, resolve_sha, seeds_and_control, workflow_parameters
+from workflows.template import render
 
 ROOT = Path(__file__).resolve().parents[1]
 SHA = "feedbee1234"
@@ -33,7 +34,8 @@ def cli(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout_s: float 
 
 
 def test_dry_run_prints_the_template_and_a_workflow_referencing_it():
-    proc = cli("--folds", "2", "--sha", SHA, "--n-steps", "500", "--namespace", "research", "--dry-run")
+    proc = cli("--folds", "2", "--sha", SHA, "--n-steps", "500", "--namespace", "research", "--no-control",
+               "--dry-run")
     assert proc.returncode == 0, proc.stderr
     template, workflow = yaml.safe_load_all(proc.stdout)
     assert template["kind"] == "WorkflowTemplate" and template["metadata"]["name"] == "alpha-rl"
@@ -44,6 +46,37 @@ def test_dry_run_prints_the_template_and_a_workflow_referencing_it():
     assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl"}
     params = {p["name"]: p["value"] for p in workflow["spec"]["arguments"]["parameters"]}
     assert params == {"git-sha": SHA, "folds": "2", "image": f"ghcr.io/alpha-rl/alpha-rl-trainer:{SHA}", "n-steps": "500"}
+
+
+def test_synthetic_data_adds_the_control_market_by_default_with_its_signal_0_spec():
+    proc = cli("--folds", "2", "--sha", SHA, "--seeds", "3", "--data", "synthetic:seed=3,days=4,signal=2", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    template, workflow = yaml.safe_load_all(proc.stdout)
+    assert template == render(seeds=3, control=True)
+    assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl-seeds3-control"}
+    params = {p["name"]: p["value"] for p in workflow["spec"]["arguments"]["parameters"]}
+    assert params["data"] == "synthetic:seed=3,days=4,signal=2"
+    assert params["control-data"] == "synthetic:seed=3,days=4,signal=0"
+
+
+@pytest.mark.parametrize(("args", "seeds", "control", "note"), [
+    ([], 1, True, "seeds: 1; control market: on, synthetic:signal=0 (default for synthetic data)"),
+    (["--no-control", "--seeds", "2"], 2, False, "seeds: 2; control market: off (given)"),
+    (["--data", "lobster:/x.zip"], 1, False, "seeds: 1; control market: off (default for real data)"),
+])
+def test_seeds_and_control_flags_resolve_with_the_data_kind(args, seeds, control, note):
+    ns = _parser().parse_args(args)
+    got = seeds_and_control(ns, workflow_parameters(ns, SHA))
+    assert got == (seeds, control, {"control-data": "synthetic:signal=0"} if control else {}, note)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--data", "lobster:/x.zip", "--control"], "real data has no automatic control market"),
+    (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+])
+def test_bad_seeds_or_a_control_on_real_data_exit_2_naming_the_flag(args, message):
+    proc = cli("--folds", "2", "--sha", SHA, "--dry-run", *args)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stdout == ""
 
 
 def test_preset_clears_size_parameters_unless_given_explicitly():

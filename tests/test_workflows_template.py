@@ -312,8 +312,8 @@ def test_submit_dry_run_in_chain_mode_prints_the_chain_shape_and_a_workflow_refe
                            "--fold-mode", "chain", "--dry-run"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     template, workflow = yaml.safe_load_all(proc.stdout)
-    assert template == T.render(fold_mode="chain", folds=2)
-    assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl-chain-2"}
+    assert template == T.render(fold_mode="chain", folds=2, control=True)  # synthetic data: control by default
+    assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl-chain-2-control"}
     params = {p["name"]: p["value"] for p in workflow["spec"]["arguments"]["parameters"]}
     assert params["fold-mode"] == "chain" and params["folds"] == "2"
 
