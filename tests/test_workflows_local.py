@@ -47,19 +47,28 @@ REPORT_CODE = (
 
 
 def fake_template(cfg: T.TemplateConfig, fold_code: str = FOLD_CODE, fold_args: list[str] | None = None,
-                  fold_mode: str = "independent", folds: int | None = None) -> dict:
+                  fold_mode: str = "independent", folds: int | None = None, seeds: int = 1, control: bool = False,
+                  replica_args: list[str] | None = None, report_code: str = REPORT_CODE) -> dict:
     """The production WorkflowTemplate structure with `python -c` commands in place of the trainer CLIs."""
     run_dir = f"{MOUNT}/{{{{workflow.parameters.git-sha}}}}"
     if fold_args is None:
         fold_args = ["{{inputs.parameters.fold}}", "{{retries}}", f"{run_dir}/fold{{{{inputs.parameters.fold}}}}",
                      f"{MOUNT}/fxcache"]  # fmt: skip
+    if replica_args is None:  # the fold dir the DAG gives a seed replica or control fold
+        replica_args = ["{{inputs.parameters.fold}}", "{{retries}}", "{{inputs.parameters.fold-dir}}",
+                        f"{MOUNT}/fxcache"]
+    features = ["python", "-c", FEATURES_CODE]
     return T.render(
         cfg,
         fold_mode=fold_mode,
         folds=folds,
-        features=T.features_template(cfg, command=["python", "-c", FEATURES_CODE], args=[f"{MOUNT}/fxcache"]),
+        seeds=seeds,
+        control=control,
+        features=T.features_template(cfg, command=features, args=[f"{MOUNT}/fxcache"]),
         train_fold=T.train_fold_template(cfg, command=["python", "-c", fold_code], args=fold_args),
-        report=T.report_template(cfg, command=["python", "-c", REPORT_CODE], args=[run_dir]),
+        report=T.report_template(cfg, command=["python", "-c", report_code], args=[run_dir]),
+        train_replica=T.train_replica_template(cfg, command=["python", "-c", fold_code], args=replica_args),
+        features_control=T.features_control_template(cfg, command=features, args=[f"{MOUNT}/fxcache"]),
     )
 
 
@@ -181,6 +190,47 @@ def test_chain_shape_runs_each_fold_only_after_the_previous_one_ended(tmp_path):
                                                            fold_args=[str(spans), "{{inputs.parameters.fold}}"]))
     got = _spans(spans)
     assert res.succeeded and max(t0 for t0, _ in got.values()) < min(t1 for _, t1 in got.values())
+
+
+# The report's view of the run dir: every result.json below it (so it must start after every train task ended).
+REPORT_WALK_CODE = (
+    "import json, os, sys; d = sys.argv[1]; "
+    "found = sorted(os.path.relpath(os.path.join(r, 'result.json'), d) for r, _, fs in os.walk(d) "
+    "if 'result.json' in fs); json.dump(found, open(os.path.join(d, 'summary.json'), 'w'))"
+)
+
+
+def test_seeds_and_control_write_every_result_where_the_layout_says_before_the_report(tmp_path):
+    wt = fake_template(FAST, seeds=2, control=True, report_code=REPORT_WALK_CODE)
+    res, log = run(tmp_path, folds=2, parallelism=3, wt=wt, params={"control-data": "synthetic:signal=0"})
+    assert res.succeeded
+    assert list(res.nodes) == ["features", "features-control", "train-fold(0)", "train-fold(1)",
+                               "train-fold-seed1(0)", "train-fold-seed1(1)", "control-fold(0)", "control-fold(1)",
+                               "control-fold-seed1(0)", "control-fold-seed1(1)", "report"]
+    layout = ["control/fold0/result.json", "control/fold0/seed1/result.json", "control/fold1/result.json",
+              "control/fold1/seed1/result.json", "fold0/result.json", "fold0/seed1/result.json",
+              "fold1/result.json", "fold1/seed1/result.json"]
+    assert json.loads((tmp_path / "runs" / SHA / "summary.json").read_text()) == layout
+    locks = sorted(p.name for p in (tmp_path / "runs" / ".locks").iterdir())
+    assert locks == sorted(f"alpha-rl-{SHA}-{u}.lock" for u in (
+        "fold0", "fold1", "fold0-seed1", "fold1-seed1", "control-fold0", "control-fold1", "control-fold0-seed1",
+        "control-fold1-seed1"))
+
+
+def test_chain_shape_with_seeds_and_control_runs_each_chain_in_order_and_the_chains_side_by_side(tmp_path):
+    spans = tmp_path / "spans.txt"
+    wt = fake_template(FAST, fold_code=SPAN_CODE, fold_args=[str(spans), "fold{{inputs.parameters.fold}}"],
+                       replica_args=[str(spans), "{{inputs.parameters.unit}}"], fold_mode="chain", folds=2,
+                       seeds=2, control=True)
+    res, _ = run(tmp_path, folds=2, parallelism=4, wt=wt,
+                 params={"fold-mode": "chain", "control-data": "synthetic:signal=0"})
+    assert res.succeeded
+    got = {unit: (float(t0), float(t1)) for unit, t0, t1 in (r.split() for r in spans.read_text().splitlines())}
+    for first, second in (("fold0", "fold1"), ("fold0-seed1", "fold1-seed1"), ("control-fold0", "control-fold1"),
+                          ("control-fold0-seed1", "control-fold1-seed1")):
+        assert got[first][1] <= got[second][0], f"{second} started before {first} ended: {got}"
+    firsts = [got[u] for u in ("fold0", "fold0-seed1", "control-fold0", "control-fold0-seed1")]
+    assert max(t0 for t0, _ in firsts) < min(t1 for _, t1 in firsts), f"the four chains did not overlap: {got}"
 
 
 def test_chain_fold_exit_3_stops_the_chain_without_retry_and_later_folds_never_start(tmp_path):

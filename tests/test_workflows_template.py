@@ -274,7 +274,8 @@ def test_train_replica_pod_is_the_train_pod_with_run_dir_data_and_seed_index_fro
     assert rep["synchronization"] == {"mutexes": [{"name": "alpha-rl-{{workflow.parameters.git-sha}}-"
                                                            "{{inputs.parameters.unit}}"}]}
     feats = _tpl(rendered, "features-control")["container"]["args"]
-    assert feats == ["--data", "{{workflow.parameters.control-data}}", "--cache-dir", f"{T.DEFAULTS.mount_path}/fxcache"]
+    assert feats == ["--data", "{{workflow.parameters.control-data}}",
+                     "--cache-dir", f"{T.DEFAULTS.mount_path}/fxcache"]
 
 
 def test_control_data_parameter_defaults_to_the_control_of_the_default_data_spec():

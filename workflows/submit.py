@@ -332,7 +332,7 @@ def _run(ns: argparse.Namespace) -> int:
         raise ClusterError(f"Argo API error in namespace {ns.namespace!r}: {exc.status} {exc.reason}: {exc.body}") from None
     name = created["metadata"]["name"]
     print(f"workflowtemplate/{template['metadata']['name']} {action}")
-    print(f"workflow/{name} created (git-sha {sha}, {ns.folds} folds, {seeds} seed(s), control {'on' if control else 'off'})")
+    print(f"workflow/{name} created (git-sha {sha}, {ns.folds} folds; {note})")
     print(
         f"kubectl logs -f -n {ns.namespace} -l workflows.argoproj.io/workflow={name} -c main "
         "--prefix --max-log-requests 64"

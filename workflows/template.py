@@ -64,7 +64,7 @@ CHAIN_EXAMPLE_FOLDS = 3
 RENDERED_CHAIN_PATH = REPO_ROOT / "infra" / "k8s" / "argo" / f"alpha-rl-chain-{CHAIN_EXAMPLE_FOLDS}-template.yaml"
 SEEDS_EXAMPLE = 2
 """Seeds of the committed multi-seed + control YAML (submit renders the shape for the --seeds it is given)."""
-RENDERED_SEEDS_CONTROL_PATH = REPO_ROOT / "infra" / "k8s" / "argo" / f"alpha-rl-seeds{SEEDS_EXAMPLE}-control-template.yaml"
+RENDERED_SEEDS_CONTROL_PATH = RENDERED_PATH.parent / f"alpha-rl-seeds{SEEDS_EXAMPLE}-control-template.yaml"
 CONTROL_DATA_DEFAULT = "synthetic:signal=0"
 """Default of the `control-data` parameter (control shapes only): trainer.data.spec.control_spec('synthetic');
 submit always sets it to control_spec(--data)."""

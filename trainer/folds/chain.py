@@ -164,4 +164,5 @@ def warm_start(trainer, run_dir: Path, fingerprint: dict | None, cfg: ChainConfi
     freshly built (the replay clear of the boundary treatment)."""
     state = load_final_state(run_dir, trainer.fold, fingerprint, device=trainer.device, replica=replica)
     info = fold_boundary(trainer.learner, state["learner"], trainer.fold, trainer.cfg.loop.seed, cfg)
-    return {"from": str(previous_fold_dir(run_dir, trainer.fold, replica)), "replay_size": int(trainer.replay.size), **info}
+    return {"from": str(previous_fold_dir(run_dir, trainer.fold, replica)), "replay_size": int(trainer.replay.size),
+            **info}
