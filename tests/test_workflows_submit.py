@@ -156,3 +156,37 @@ def test_local_smoke_run_of_the_real_trainer_dag(tmp_path):
         json.loads((tmp_path / SHA / f"fold{fold}" / "result.json").read_text())
     assert (tmp_path / SHA / "summary.json").exists()
     assert any(line.startswith("train-fold(1) ") for line in proc.stdout.splitlines())
+
+
+@pytest.mark.slow
+def test_local_run_with_two_seeds_and_the_control_market_writes_every_result_where_the_layout_says(tmp_path):
+    data = "synthetic:seed=3,days=2,signal=2"
+    proc = cli("--folds", "2", "--seeds", "2", "--local", "--sha", SHA, "--run-root", str(tmp_path), "--device", "cpu",
+               "--n-steps", "64", "--n-backtests", "16", "--per-capacity", "2048", "--data", data,
+               env={"ALPHA_RL_DATA_DIR": str(tmp_path / "data")}, timeout_s=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "seeds: 2; control market: on, synthetic:seed=3,days=2,signal=0 (default for synthetic data)"
+    run = tmp_path / SHA
+    results = {}
+    for market in ("", "control/"):
+        for fold in range(2):
+            for seed_dir in ("", "/seed1"):
+                rel = f"{market}fold{fold}{seed_dir}"
+                results[rel] = json.loads((run / rel / "result.json").read_text())
+                assert results[rel]["fold"] == fold and results[rel]["env_steps"] == 64
+    # the trainer of seed index S started with seed = base (0) + S, on its market's data
+    starts = {}
+    for line in lines:
+        node, _, rest = line.partition(" ")
+        if rest.startswith("{") and '"event":"start"' in rest.replace(" ", ""):
+            starts[node] = json.loads(rest)
+    for node, seed, market_data in (("train-fold(1)", 0, data), ("train-fold-seed1(1)", 1, data),
+                                    ("control-fold(1)", 0, "synthetic:seed=3,days=2,signal=0"),
+                                    ("control-fold-seed1(1)", 1, "synthetic:seed=3,days=2,signal=0")):
+        assert (starts[node]["seed"], starts[node]["data"]) == (seed, market_data), node
+    for fold in range(2):
+        assert results[f"fold{fold}"]["weights_sha256"] != results[f"fold{fold}/seed1"]["weights_sha256"]
+        assert results[f"fold{fold}"]["feature_key"] != results[f"control/fold{fold}"]["feature_key"]
+        assert results[f"control/fold{fold}"]["feature_key"] == results[f"control/fold{fold}/seed1"]["feature_key"]
+    assert (run / "summary.json").exists()
