@@ -330,6 +330,26 @@ print("fits", flush=True)
     assert set(parent.iterdir()) == before  # every per-attempt cgroup removed
 
 
+@pytest.mark.skipif(memory_cgroup_parent() is None, reason="no writable cgroup-v1 memory hierarchy on this machine")
+def test_memory_limit_also_oom_kills_and_retries_the_extra_seeds_and_the_control_folds(tmp_path):
+    # The same 400 MiB attempt 0 in every train task (train-fold and train-replica): each is OOM-killed, then retried.
+    code = r"""
+import sys
+if int(sys.argv[1]) == 0:
+    chunks = [b"x" * (16 << 20) for _ in range(25)]
+print("fits", flush=True)
+"""
+    wt = fake_template(FAST, fold_code=code, fold_args=["{{retries}}"], replica_args=["{{retries}}"], seeds=2,
+                       control=True)
+    res, _ = run(tmp_path, folds=1, parallelism=2, wt=wt, memory_limit_bytes=160 << 20,
+                 params={"control-data": "synthetic:signal=0"})
+    assert res.succeeded
+    for node in ("train-fold(0)", "train-fold-seed1(0)", "control-fold(0)", "control-fold-seed1(0)"):
+        first, second = res.nodes[node].attempts
+        assert (first.exit_code, first.oom_killed, second.exit_code) == (137, True, 0), node
+    assert [a.oom_kills for a in res.nodes["features-control"].attempts] == [None]  # CPU pods: no cgroup
+
+
 def test_launch_drops_empty_flags_logs_the_attempt_and_execs_with_its_exit_code(tmp_path):
     assert drop_empty_flags(["--a", "", "--b", "1", "--c", "", "x"]) == ["--b", "1", "x"]
     (tmp_path / "fake_trainer.py").write_text("import sys, json; print(json.dumps(sys.argv[1:])); sys.exit(7)")

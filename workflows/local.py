@@ -55,8 +55,9 @@ class LocalOptions:
     """Most tasks running at once (fan-out of the fold tasks)."""
     memory_limit_bytes: int | None = None
     """If set, each attempt of the templates in `memory_limited_templates` runs in its own memory cgroup."""
-    memory_limited_templates: tuple[str, ...] = ("train-fold",)
-    """Templates whose attempts get the memory cgroup (the GPU pods, which carry the memory limit)."""
+    memory_limited_templates: tuple[str, ...] = ("train-fold", "train-replica")
+    """Templates whose attempts get the memory cgroup (the GPU pods, which carry the memory limit): train-fold and
+    train-replica (the extra seeds' and the control market's folds)."""
     env: Mapping[str, str] = field(default_factory=dict)
     """Extra environment for every task (after the template's own env), e.g. test switches for the trainer."""
     log: TextIO | None = None
