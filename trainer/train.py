@@ -287,7 +287,8 @@ def run(args: argparse.Namespace) -> int:
     if args.fold_mode == "chain" and args.fold > 0:
         from trainer.folds.chain import wait_for_previous
 
-        wait_for_previous(args.run_dir, args.fold, args.chain_wait_seconds, replica=args.replica)  # InputError (exit 2) if unfinished
+        # InputError (exit 2) if this seed's previous fold is unfinished
+        wait_for_previous(args.run_dir, args.fold, args.chain_wait_seconds, replica=args.replica)
     fold_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     log.event("start", attempt=args.attempt, run_dir=str(args.run_dir), folds=args.folds, data=cfg.data,
