@@ -1,6 +1,8 @@
 """trainer.train's flags land in the config they name (the rest stays the preset's)."""
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from trainer import train
@@ -65,6 +67,16 @@ def test_replica_s_writes_under_fold_seed_s_and_trains_with_base_seed_plus_s():
     smoke = preset("smoke")  # without --seed the preset's seeds are the base
     cfg, _ = _replica("--preset", "smoke", "--replica", "3")
     assert (cfg.loop.seed, cfg.sim.seed) == (smoke.loop.seed + 3, smoke.sim.seed + 3)
+
+
+@pytest.mark.parametrize(("run_dir", "fold_dir", "prefix"), [
+    ("/m/abc", "/m/abc/fold1", "alpha-rl/abc/fold1"),  # the one-seed prefix, unchanged
+    ("/m/abc", "/m/abc/fold1/seed2", "alpha-rl/abc/fold1/seed2"),
+    ("/m/abc/control", "/m/abc/control/fold0", "alpha-rl/abc/control/fold0"),
+    ("/m/abc/control", "/m/abc/control/fold0/seed1", "alpha-rl/abc/control/fold0/seed1"),
+])
+def test_s3_mirror_prefix_follows_the_fold_dir_so_seeds_and_markets_never_share_one(run_dir, fold_dir, prefix):
+    assert train.s3_fold_prefix("/alpha-rl/", Path(run_dir), Path(fold_dir)) == prefix
 
 
 def test_a_negative_replica_exits_2_naming_it(tmp_path, capsys):

@@ -392,17 +392,21 @@ def _write_run_json(run_dir: Path, cfg, fs, trainer) -> None:
     atomic_write_text(path, json.dumps(info, indent=2, sort_keys=True, default=str) + "\n")
 
 
+def s3_fold_prefix(s3_prefix: str, run_dir: Path, fold_dir: Path) -> str:
+    """PREFIX/<sha>/fold<N>[/seed<S>], or PREFIX/<sha>/control/fold<N>[/seed<S>] (the control's run dir is
+    <sha>/control): the fold's place on the PVC, so seeds and markets never share a mirror prefix."""
+    from trainer.folds.layout import CONTROL_DIR
+
+    run = run_dir.name if run_dir.name != CONTROL_DIR else f"{run_dir.parent.name}/{CONTROL_DIR}"
+    return f"{s3_prefix.strip('/')}/{run}/{fold_dir.relative_to(run_dir).as_posix()}"
+
+
 def _s3_mirror(args, fold_dir: Path, log):
     if not args.s3_bucket:
         return None
     from trainer.checkpoint.s3 import S3Mirror
 
-    from trainer.folds.layout import CONTROL_DIR
-
-    # <sha>/fold<N>[/seed<S>], and <sha>/control/... for the control market (its run dir is <sha>/control)
-    run = args.run_dir.name if args.run_dir.name != CONTROL_DIR else f"{args.run_dir.parent.name}/{CONTROL_DIR}"
-    prefix = f"{args.s3_prefix.strip('/')}/{run}/{fold_dir.relative_to(args.run_dir).as_posix()}"
-    mirror = S3Mirror(args.s3_bucket, prefix, log=log.event)  # uploads, retries, restores as JSON log lines
+    mirror = S3Mirror(args.s3_bucket, s3_fold_prefix(args.s3_prefix, args.run_dir, fold_dir), log=log.event)  # uploads, retries, restores as JSON log lines
     from trainer.checkpoint.store import latest_valid
 
     if latest_valid(fold_dir, log=lambda p, why: None) is None:
