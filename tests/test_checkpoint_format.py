@@ -245,3 +245,19 @@ def test_config_mismatch_message_names_fields_and_both_values():
         "run/fold0/checkpoint-000000000100.bin: checkpoint does not match this run; differing fields: "
         "agent.n_atoms (run 51, checkpoint 21), w (run 8, checkpoint <absent>)"
     )
+
+
+def test_a_folds_retention_and_latest_valid_never_see_its_seed_subfolders(tmp_path):
+    # <sha>/fold0/ (seed index 0) holds <sha>/fold0/seed1/ (seed index 1): each folder's store is its own.
+    fold0, seed1 = tmp_path / "fold0", tmp_path / "fold0" / "seed1"
+    for step in (100, 200, 300):
+        write_checkpoint(seed1, step, {"s": b"seed1"})
+    write_checkpoint(fold0, 5, {"s": b"seed0"})
+    write_checkpoint(fold0, 7, {"s": b"seed0"})
+    write_checkpoint(fold0, 9, {"s": b"seed0"})  # retention in fold0 (keep 2) must not delete seed1's files
+    assert [s for s, _ in list_checkpoints(fold0)] == [7, 9]
+    assert [s for s, _ in list_checkpoints(seed1)] == [200, 300]
+    newest = latest_valid(fold0, log=lambda p, why: None)
+    assert newest is not None and newest.step == 9 and newest.path.parent == fold0  # not seed1's step 300
+    write_checkpoint(seed1, 400, {"s": b"seed1"})  # and the other way round
+    assert [s for s, _ in list_checkpoints(fold0)] == [7, 9]

@@ -7,7 +7,7 @@ import shutil
 import numpy as np
 import pytest
 
-from trainer.data.spec import describe_spec, load_tape, parse_spec, quote_path, spec_from_dirs
+from trainer.data.spec import control_spec, describe_spec, load_tape, parse_spec, quote_path, spec_from_dirs
 from trainer.errors import InputError, exit_code_for
 
 
@@ -119,3 +119,25 @@ def test_synthetic_defaults_come_from_the_generator(tmp_path, monkeypatch):
         load_tape("synthetic:days=2")
     assert calls == [{"seed": sig["seed"].default, "days": 2, "signal": sig["signal"].default}]
     assert not any(tmp_path.joinpath("synthetic").iterdir())  # the failed build left nothing behind
+
+
+@pytest.mark.parametrize(("spec", "control"), [
+    ("synthetic", "synthetic:signal=0"),
+    ("synthetic:seed=3,days=4,signal=2", "synthetic:seed=3,days=4,signal=0"),
+    ("synthetic:days=2;seed=5", "synthetic:days=2,seed=5,signal=0"),
+    ("synthetic:signal=0", "synthetic:signal=0"),
+])
+def test_control_spec_is_the_same_synthetic_market_with_signal_0(spec, control):
+    assert control_spec(spec) == control
+    kept = {k: v for k, v in parse_spec(spec).options.items() if k != "signal"}
+    assert parse_spec(control).options == {**kept, "signal": 0.0}
+
+
+@pytest.mark.parametrize("spec", ["dbn:mbp10=/a,trades=/b", "lobster:/x.zip", "dbn-mbo:/a.dbn"])
+def test_real_data_has_no_automatic_control(spec):
+    assert control_spec(spec) is None
+
+
+def test_control_of_a_malformed_spec_is_an_input_error():
+    with pytest.raises(InputError, match="unknown key 'signl'"):
+        control_spec("synthetic:signl=2")

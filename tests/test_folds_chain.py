@@ -169,6 +169,17 @@ def test_chain_fold_refuses_when_previous_fold_has_no_result(tmp_path):
         wait_for_previous(tmp_path, 0)
 
 
+def test_a_seed_replica_chains_through_its_own_previous_fold_only(tmp_path):
+    # seed index 0 of fold 0 finished; seed index 1 of fold 0 did not: replica 1 of fold 1 must not start
+    (tmp_path / "fold0" / "seed1").mkdir(parents=True)
+    (tmp_path / "fold0" / "result.json").write_text("{}")
+    assert wait_for_previous(tmp_path, 1) == tmp_path / "fold0" / "result.json"
+    with pytest.raises(InputError, match=r"fold0/seed1/result\.json.*fold 0 has not finished"):
+        wait_for_previous(tmp_path, 1, replica=1)
+    (tmp_path / "fold0" / "seed1" / "result.json").write_text("{}")
+    assert wait_for_previous(tmp_path, 1, replica=1) == tmp_path / "fold0" / "seed1" / "result.json"
+
+
 def test_chain_fold_waits_for_previous_result(tmp_path):
     (tmp_path / "fold2").mkdir()
     calls = []

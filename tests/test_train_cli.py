@@ -263,3 +263,41 @@ def test_fingerprint_holds_fold_geometry_eval_and_chain_but_not_the_fold_index_o
         fp = _fp(base.replace(**{section: change}))
         (name,) = change
         assert fp != _fp(base) and fp["config"][section][name] == change[name], (section, change)
+
+
+def _replica(*extra: str):
+    inv = parse([*BASE, "--fold", "1", *extra])  # the last --fold wins
+    return inv.run.seeded(inv.config), inv.run.fold_dir(inv.config.folds.fold)
+
+
+def test_replica_0_is_todays_fold_dir_and_config():
+    cfg, path = _replica("--seed", "9")
+    assert str(path) == "/tmp/x/fold1" and cfg == _cfg("--seed", "9", "--fold", "1")
+
+
+def test_replica_s_writes_under_fold_seed_s_and_trains_with_base_seed_plus_s():
+    cfg, path = _replica("--seed", "9", "--replica", "2")
+    assert str(path) == "/tmp/x/fold1/seed2"
+    assert cfg.loop.seed == 11 and cfg.sim.seed == 11
+    base = _cfg("--seed", "9", "--fold", "1")
+    assert cfg.replace(loop={"seed": 9}, sim={"seed": 9}) == base  # nothing else differs
+    smoke = preset("smoke")  # without --seed the preset's seeds are the base
+    cfg, _ = _replica("--preset", "smoke", "--replica", "3")
+    assert (cfg.loop.seed, cfg.sim.seed) == (smoke.loop.seed + 3, smoke.sim.seed + 3)
+
+
+@pytest.mark.parametrize(("run_dir", "replica", "prefix"), [
+    ("/m/abc", "0", "alpha-rl/abc/fold1"),  # the one-seed prefix, unchanged
+    ("/m/abc", "2", "alpha-rl/abc/fold1/seed2"),
+    ("/m/abc/control", "0", "alpha-rl/abc/control/fold1"),
+    ("/m/abc/control", "1", "alpha-rl/abc/control/fold1/seed1"),
+])
+def test_s3_mirror_prefix_follows_the_fold_dir_so_seeds_and_markets_never_share_one(run_dir, replica, prefix):
+    inv = parse(["--run-dir", run_dir, "--fold", "1", "--folds", "3", "--replica", replica, "--s3-prefix", "/alpha-rl/"])
+    assert inv.run.s3_fold_prefix(1) == prefix
+
+
+def test_a_negative_replica_exits_2_naming_it(tmp_path, capsys):
+    code = main(["--run-dir", str(tmp_path), "--fold", "0", "--folds", "2", "--replica", "-1"])
+    assert code == 2 and "replica must be an integer >= 0, got -1" in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []

@@ -47,19 +47,28 @@ REPORT_CODE = (
 
 
 def fake_template(cfg: T.TemplateConfig, fold_code: str = FOLD_CODE, fold_args: list[str] | None = None,
-                  fold_mode: str = "independent", folds: int | None = None) -> dict:
+                  fold_mode: str = "independent", folds: int | None = None, seeds: int = 1, control: bool = False,
+                  replica_args: list[str] | None = None, report_code: str = REPORT_CODE) -> dict:
     """The production WorkflowTemplate structure with `python -c` commands in place of the trainer CLIs."""
     run_dir = f"{MOUNT}/{{{{workflow.parameters.git-sha}}}}"
     if fold_args is None:
         fold_args = ["{{inputs.parameters.fold}}", "{{retries}}", f"{run_dir}/fold{{{{inputs.parameters.fold}}}}",
                      f"{MOUNT}/fxcache"]  # fmt: skip
+    if replica_args is None:  # the fold dir the DAG gives a seed replica or control fold
+        replica_args = ["{{inputs.parameters.fold}}", "{{retries}}", "{{inputs.parameters.fold-dir}}",
+                        f"{MOUNT}/fxcache"]
+    features = ["python", "-c", FEATURES_CODE]
     return T.render(
         cfg,
         fold_mode=fold_mode,
         folds=folds,
-        features=T.features_template(cfg, command=["python", "-c", FEATURES_CODE], args=[f"{MOUNT}/fxcache"]),
+        seeds=seeds,
+        control=control,
+        features=T.features_template(cfg, command=features, args=[f"{MOUNT}/fxcache"]),
         train_fold=T.train_fold_template(cfg, command=["python", "-c", fold_code], args=fold_args),
-        report=T.report_template(cfg, command=["python", "-c", REPORT_CODE], args=[run_dir]),
+        report=T.report_template(cfg, command=["python", "-c", report_code], args=[run_dir]),
+        train_replica=T.train_replica_template(cfg, command=["python", "-c", fold_code], args=replica_args),
+        features_control=T.features_control_template(cfg, command=features, args=[f"{MOUNT}/fxcache"]),
     )
 
 
@@ -183,6 +192,47 @@ def test_chain_shape_runs_each_fold_only_after_the_previous_one_ended(tmp_path):
     assert res.succeeded and max(t0 for t0, _ in got.values()) < min(t1 for _, t1 in got.values())
 
 
+# The report's view of the run dir: every result.json below it (so it must start after every train task ended).
+REPORT_WALK_CODE = (
+    "import json, os, sys; d = sys.argv[1]; "
+    "found = sorted(os.path.relpath(os.path.join(r, 'result.json'), d) for r, _, fs in os.walk(d) "
+    "if 'result.json' in fs); json.dump(found, open(os.path.join(d, 'summary.json'), 'w'))"
+)
+
+
+def test_seeds_and_control_write_every_result_where_the_layout_says_before_the_report(tmp_path):
+    wt = fake_template(FAST, seeds=2, control=True, report_code=REPORT_WALK_CODE)
+    res, log = run(tmp_path, folds=2, parallelism=3, wt=wt, params={"control-data": "synthetic:signal=0"})
+    assert res.succeeded
+    assert list(res.nodes) == ["features", "features-control", "train-fold(0)", "train-fold(1)",
+                               "train-fold-seed1(0)", "train-fold-seed1(1)", "control-fold(0)", "control-fold(1)",
+                               "control-fold-seed1(0)", "control-fold-seed1(1)", "report"]
+    layout = ["control/fold0/result.json", "control/fold0/seed1/result.json", "control/fold1/result.json",
+              "control/fold1/seed1/result.json", "fold0/result.json", "fold0/seed1/result.json",
+              "fold1/result.json", "fold1/seed1/result.json"]
+    assert json.loads((tmp_path / "runs" / SHA / "summary.json").read_text()) == layout
+    locks = sorted(p.name for p in (tmp_path / "runs" / ".locks").iterdir())
+    assert locks == sorted(f"alpha-rl-{SHA}-{u}.lock" for u in (
+        "fold0", "fold1", "fold0-seed1", "fold1-seed1", "control-fold0", "control-fold1", "control-fold0-seed1",
+        "control-fold1-seed1"))
+
+
+def test_chain_shape_with_seeds_and_control_runs_each_chain_in_order_and_the_chains_side_by_side(tmp_path):
+    spans = tmp_path / "spans.txt"
+    wt = fake_template(FAST, fold_code=SPAN_CODE, fold_args=[str(spans), "fold{{inputs.parameters.fold}}"],
+                       replica_args=[str(spans), "{{inputs.parameters.unit}}"], fold_mode="chain", folds=2,
+                       seeds=2, control=True)
+    res, _ = run(tmp_path, folds=2, parallelism=4, wt=wt,
+                 params={"fold-mode": "chain", "control-data": "synthetic:signal=0"})
+    assert res.succeeded
+    got = {unit: (float(t0), float(t1)) for unit, t0, t1 in (r.split() for r in spans.read_text().splitlines())}
+    for first, second in (("fold0", "fold1"), ("fold0-seed1", "fold1-seed1"), ("control-fold0", "control-fold1"),
+                          ("control-fold0-seed1", "control-fold1-seed1")):
+        assert got[first][1] <= got[second][0], f"{second} started before {first} ended: {got}"
+    firsts = [got[u] for u in ("fold0", "fold0-seed1", "control-fold0", "control-fold0-seed1")]
+    assert max(t0 for t0, _ in firsts) < min(t1 for _, t1 in firsts), f"the four chains did not overlap: {got}"
+
+
 def test_chain_fold_exit_3_stops_the_chain_without_retry_and_later_folds_never_start(tmp_path):
     res, _ = run(tmp_path, wt=fake_template(FAST, fold_mode="chain", folds=3), params={"fold-mode": "chain"},
                  env={"PLAN": json.dumps({"1": [3, 0]})})
@@ -280,6 +330,26 @@ print("fits", flush=True)
     assert set(parent.iterdir()) == before  # every per-attempt cgroup removed
 
 
+@pytest.mark.skipif(memory_cgroup_parent() is None, reason="no writable cgroup-v1 memory hierarchy on this machine")
+def test_memory_limit_also_oom_kills_and_retries_the_extra_seeds_and_the_control_folds(tmp_path):
+    # The same 400 MiB attempt 0 in every train task (train-fold and train-replica): each is OOM-killed, then retried.
+    code = r"""
+import sys
+if int(sys.argv[1]) == 0:
+    chunks = [b"x" * (16 << 20) for _ in range(25)]
+print("fits", flush=True)
+"""
+    wt = fake_template(FAST, fold_code=code, fold_args=["{{retries}}"], replica_args=["{{retries}}"], seeds=2,
+                       control=True)
+    res, _ = run(tmp_path, folds=1, parallelism=2, wt=wt, memory_limit_bytes=160 << 20,
+                 params={"control-data": "synthetic:signal=0"})
+    assert res.succeeded
+    for node in ("train-fold(0)", "train-fold-seed1(0)", "control-fold(0)", "control-fold-seed1(0)"):
+        first, second = res.nodes[node].attempts
+        assert (first.exit_code, first.oom_killed, second.exit_code) == (137, True, 0), node
+    assert [a.oom_kills for a in res.nodes["features-control"].attempts] == [None]  # CPU pods: no cgroup
+
+
 def test_launch_drops_empty_flags_logs_the_attempt_and_execs_with_its_exit_code(tmp_path):
     assert drop_empty_flags(["--a", "", "--b", "1", "--c", "", "x"]) == ["--b", "1", "x"]
     (tmp_path / "fake_trainer.py").write_text("import sys, json; print(json.dumps(sys.argv[1:])); sys.exit(7)")
@@ -294,3 +364,18 @@ def test_launch_drops_empty_flags_logs_the_attempt_and_execs_with_its_exit_code(
         "event": "attempt", "fold": "2", "attempt": 1, "module": "fake_trainer", "fold_dir": None, "time_unix_s": 0,
     }  # fmt: skip
     assert json.loads(second) == ["--fold", "2", "--attempt", "1"]
+
+
+def test_local_tasks_share_the_cores_through_their_thread_count_unless_it_is_set(tmp_path, monkeypatch):
+    from workflows.local import threads_per_task
+
+    assert [threads_per_task(p, cores=8) for p in (1, 2, 3, 8, 16)] == [8, 4, 2, 1, 1]
+    code = FOLD_CODE.replace('print(json.dumps({"event": "fake-train"',
+                             'print(json.dumps({"threads": os.environ.get("OMP_NUM_THREADS")}), flush=True)\n'
+                             'print(json.dumps({"event": "fake-train"')
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    res, log = run(tmp_path / "a", folds=1, parallelism=2, wt=fake_template(FAST, fold_code=code))
+    assert res.succeeded and f'train-fold(0) {{"threads": "{threads_per_task(2)}"}}' in log.splitlines()
+    res, log = run(tmp_path / "b", folds=1, parallelism=2, env={"OMP_NUM_THREADS": "7"},
+                   wt=fake_template(FAST, fold_code=code))
+    assert res.succeeded and 'train-fold(0) {"threads": "7"}' in log.splitlines()

@@ -91,7 +91,7 @@ def test_real_oom_kill_of_fold_1_is_retried_and_resumes_to_the_uninterrupted_res
     submit = [
         sys.executable, "-m", "workflows.submit", "--folds", "3", "--local", "--sha", SHA, "--preset", "smoke",
         "--device", "cpu", "--n-steps", str(N_STEPS), "--n-backtests", "16", "--per-capacity", "2048",
-        "--data", DATA, "--run-root", str(run_root), "--memory-limit", str(MEMORY_LIMIT),
+        "--data", DATA, "--run-root", str(run_root), "--memory-limit", str(MEMORY_LIMIT), "--no-control",
         "--env", f"PYTHONPATH={hooks.HOOKS_DIR}", "--env", f"ALPHA_RL_TEST_OOM_AT_STEP={OOM_AT_STEP}",
         "--env", "ALPHA_RL_TEST_OOM_FOLD=1",
     ]  # fmt: skip
@@ -230,7 +230,8 @@ def test_chain_mode_runs_folds_in_sequence_and_an_oom_in_fold_1_ends_identical_t
     submit = [
         sys.executable, "-m", "workflows.submit", "--folds", "3", "--local", "--sha", SHA, "--preset", "smoke",
         "--device", "cpu", "--n-steps", str(N_STEPS), "--n-backtests", "16", "--per-capacity", "2048",
-        "--data", DATA, "--run-root", str(run_root), "--memory-limit", str(MEMORY_LIMIT), "--fold-mode", "chain",
+        "--data", DATA, "--run-root", str(run_root), "--memory-limit", str(MEMORY_LIMIT), "--no-control",
+        "--fold-mode", "chain",
         "--parallelism", "3",  # room for all folds at once: only the DAG's chain keeps them in order
         "--env", f"PYTHONPATH={hooks.HOOKS_DIR}", "--env", f"ALPHA_RL_TEST_OOM_AT_STEP={OOM_AT_STEP}",
         "--env", "ALPHA_RL_TEST_OOM_FOLD=1",

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from workflows.submit import _parser, resolve_sha, workflow_parameters
+from workflows.submit import _parser, resolve_sha, seeds_and_control, workflow_parameters
 from workflows.template import render
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -34,7 +34,8 @@ def cli(*args: str, env: dict | None = None, cwd: Path = ROOT, timeout_s: float 
 
 
 def test_dry_run_prints_the_template_and_a_workflow_referencing_it():
-    proc = cli("--folds", "2", "--sha", SHA, "--n-steps", "500", "--namespace", "research", "--dry-run")
+    proc = cli("--folds", "2", "--sha", SHA, "--n-steps", "500", "--namespace", "research", "--no-control",
+               "--dry-run")
     assert proc.returncode == 0, proc.stderr
     template, workflow = yaml.safe_load_all(proc.stdout)
     assert template["kind"] == "WorkflowTemplate" and template["metadata"]["name"] == "alpha-rl"
@@ -45,6 +46,37 @@ def test_dry_run_prints_the_template_and_a_workflow_referencing_it():
     assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl"}
     params = {p["name"]: p["value"] for p in workflow["spec"]["arguments"]["parameters"]}
     assert params == {"git-sha": SHA, "folds": "2", "image": f"ghcr.io/alpha-rl/alpha-rl-trainer:{SHA}", "n-steps": "500"}
+
+
+def test_synthetic_data_adds_the_control_market_by_default_with_its_signal_0_spec():
+    proc = cli("--folds", "2", "--sha", SHA, "--seeds", "3", "--data", "synthetic:seed=3,days=4,signal=2", "--dry-run")
+    assert proc.returncode == 0, proc.stderr
+    template, workflow = yaml.safe_load_all(proc.stdout)
+    assert template == render(seeds=3, control=True)
+    assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl-seeds3-control"}
+    params = {p["name"]: p["value"] for p in workflow["spec"]["arguments"]["parameters"]}
+    assert params["data"] == "synthetic:seed=3,days=4,signal=2"
+    assert params["control-data"] == "synthetic:seed=3,days=4,signal=0"
+
+
+@pytest.mark.parametrize(("args", "seeds", "control", "note"), [
+    ([], 1, True, "seeds: 1; control market: on, synthetic:signal=0 (default for synthetic data)"),
+    (["--no-control", "--seeds", "2"], 2, False, "seeds: 2; control market: off (given)"),
+    (["--data", "lobster:/x.zip"], 1, False, "seeds: 1; control market: off (default for real data)"),
+])
+def test_seeds_and_control_flags_resolve_with_the_data_kind(args, seeds, control, note):
+    ns = _parser().parse_args(args)
+    got = seeds_and_control(ns, workflow_parameters(ns, SHA))
+    assert got == (seeds, control, {"control-data": "synthetic:signal=0"} if control else {}, note)
+
+
+@pytest.mark.parametrize(("args", "message"), [
+    (["--data", "lobster:/x.zip", "--control"], "real data has no automatic control market"),
+    (["--seeds", "0"], "--seeds must be >= 1, got 0"),
+])
+def test_bad_seeds_or_a_control_on_real_data_exit_2_naming_the_flag(args, message):
+    proc = cli("--folds", "2", "--sha", SHA, "--dry-run", *args)
+    assert proc.returncode == 2 and message in proc.stderr and proc.stdout == ""
 
 
 def test_size_parameters_reach_the_workflow_only_when_given_so_the_preset_decides_the_rest():
@@ -133,3 +165,37 @@ def test_local_smoke_run_of_the_real_trainer_dag(tmp_path):
         json.loads((tmp_path / SHA / f"fold{fold}" / "result.json").read_text())
     assert (tmp_path / SHA / "summary.json").exists()
     assert any(line.startswith("train-fold(1) ") for line in proc.stdout.splitlines())
+
+
+@pytest.mark.slow
+def test_local_run_with_two_seeds_and_the_control_market_writes_every_result_where_the_layout_says(tmp_path):
+    data = "synthetic:seed=3,days=2,signal=2"
+    proc = cli("--folds", "2", "--seeds", "2", "--local", "--sha", SHA, "--run-root", str(tmp_path), "--device", "cpu",
+               "--n-steps", "64", "--n-backtests", "16", "--per-capacity", "2048", "--data", data,
+               env={"ALPHA_RL_DATA_DIR": str(tmp_path / "data")}, timeout_s=900)
+    assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "seeds: 2; control market: on, synthetic:seed=3,days=2,signal=0 (default for synthetic data)"
+    run = tmp_path / SHA
+    results = {}
+    for market in ("", "control/"):
+        for fold in range(2):
+            for seed_dir in ("", "/seed1"):
+                rel = f"{market}fold{fold}{seed_dir}"
+                results[rel] = json.loads((run / rel / "result.json").read_text())
+                assert results[rel]["fold"] == fold and results[rel]["env_steps"] == 64
+    # the trainer of seed index S started with seed = base (0) + S, on its market's data
+    starts = {}
+    for line in lines:
+        node, _, rest = line.partition(" ")
+        if rest.startswith("{") and '"event":"start"' in rest.replace(" ", ""):
+            starts[node] = json.loads(rest)
+    for node, seed, market_data in (("train-fold(1)", 0, data), ("train-fold-seed1(1)", 1, data),
+                                    ("control-fold(1)", 0, "synthetic:seed=3,days=2,signal=0"),
+                                    ("control-fold-seed1(1)", 1, "synthetic:seed=3,days=2,signal=0")):
+        assert (starts[node]["seed"], starts[node]["data"]) == (seed, market_data), node
+    for fold in range(2):
+        assert results[f"fold{fold}"]["weights_sha256"] != results[f"fold{fold}/seed1"]["weights_sha256"]
+        assert results[f"fold{fold}"]["feature_key"] != results[f"control/fold{fold}"]["feature_key"]
+        assert results[f"control/fold{fold}"]["feature_key"] == results[f"control/fold{fold}/seed1"]["feature_key"]
+    assert (run / "summary.json").exists()

@@ -73,15 +73,20 @@ def _tpl(rendered: dict, name: str) -> dict:
 # ---- golden YAML -----------------------------------------------------------------------------------
 
 
-SHAPES = [("independent", None), ("chain", T.CHAIN_EXAMPLE_FOLDS)]
-"""The two DAG shapes (fold_mode, folds) every schema test runs on."""
+SHAPES = [("independent", None, 1, False), ("chain", T.CHAIN_EXAMPLE_FOLDS, 1, False),
+          ("independent", None, 3, False), ("independent", None, 1, True), ("independent", None, 2, True),
+          ("chain", T.CHAIN_EXAMPLE_FOLDS, 2, True)]
+"""The DAG shapes (fold_mode, folds, seeds, control) every schema test runs on."""
 
 
-@pytest.mark.parametrize(("path", "fold_mode", "folds"), [(T.RENDERED_PATH, "independent", None),
-                                                          (T.RENDERED_CHAIN_PATH, "chain", T.CHAIN_EXAMPLE_FOLDS)])
-def test_committed_template_yaml_matches_the_hera_rendering(path, fold_mode, folds):
+@pytest.mark.parametrize(("path", "fold_mode", "folds", "seeds", "control"), [
+    (T.RENDERED_PATH, "independent", None, 1, False),
+    (T.RENDERED_CHAIN_PATH, "chain", T.CHAIN_EXAMPLE_FOLDS, 1, False),
+    (T.RENDERED_SEEDS_CONTROL_PATH, "independent", None, T.SEEDS_EXAMPLE, True),
+])
+def test_committed_template_yaml_matches_the_hera_rendering(path, fold_mode, folds, seeds, control):
     committed = path.read_text()
-    assert committed == T.render_yaml(T.DEFAULTS, fold_mode, folds), (
+    assert committed == T.render_yaml(T.DEFAULTS, fold_mode, folds, seeds, control), (
         f"{path.relative_to(ROOT)} differs from workflows/template.py; "
         "regenerate with `python -m workflows.template --write` and review the diff"
     )
@@ -97,25 +102,26 @@ def test_write_rendered_replaces_the_file_atomically(tmp_path):
 # ---- schemas and allowlist ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize(("fold_mode", "folds"), SHAPES)
-def test_rendered_template_validates_against_the_workflowtemplate_crd(crd_schemas, fold_mode, folds):
-    rendered = T.render(fold_mode=fold_mode, folds=folds)
+@pytest.mark.parametrize(("fold_mode", "folds", "seeds", "control"), SHAPES)
+def test_rendered_template_validates_against_the_workflowtemplate_crd(crd_schemas, fold_mode, folds, seeds, control):
+    rendered = T.render(fold_mode=fold_mode, folds=folds, seeds=seeds, control=control)
     errors = [e.message for e in jsonschema.Draft7Validator(crd_schemas["WorkflowTemplate"]).iter_errors(rendered)]
     assert errors == []
 
 
-@pytest.mark.parametrize(("fold_mode", "folds"), SHAPES)
-def test_rendered_template_validates_against_argo_json_schema(argo_json_schema, fold_mode, folds):
+@pytest.mark.parametrize(("fold_mode", "folds", "seeds", "control"), SHAPES)
+def test_rendered_template_validates_against_argo_json_schema(argo_json_schema, fold_mode, folds, seeds, control):
     schema = {**argo_json_schema, "$ref": "#/definitions/io.argoproj.workflow.v1alpha1.WorkflowTemplate"}
     schema.pop("oneOf")
-    rendered = T.render(fold_mode=fold_mode, folds=folds)
+    rendered = T.render(fold_mode=fold_mode, folds=folds, seeds=seeds, control=control)
     errors = [e.message for e in jsonschema.Draft7Validator(schema).iter_errors(rendered)]
     assert errors == []
 
 
-@pytest.mark.parametrize(("fold_mode", "folds"), SHAPES)
-def test_rendered_template_uses_only_keys_the_crd_declares(crd_schemas, fold_mode, folds):
-    assert unknown_keys(T.render(fold_mode=fold_mode, folds=folds), crd_schemas["WorkflowTemplate"]) == []
+@pytest.mark.parametrize(("fold_mode", "folds", "seeds", "control"), SHAPES)
+def test_rendered_template_uses_only_keys_the_crd_declares(crd_schemas, fold_mode, folds, seeds, control):
+    rendered = T.render(fold_mode=fold_mode, folds=folds, seeds=seeds, control=control)
+    assert unknown_keys(rendered, crd_schemas["WorkflowTemplate"]) == []
 
 
 def test_allowlist_catches_a_typo_that_the_crd_schema_accepts(crd_schemas):
@@ -179,6 +185,113 @@ def test_chain_shape_runs_the_folds_one_after_another_then_the_report():
     assert _tpl(rendered, "train-fold") == _tpl(T.render(), "train-fold")
 
 
+def _wiring(rendered: dict) -> list[tuple]:
+    return [(t["name"], t["template"], t.get("depends"),
+             {p["name"]: p["value"] for p in t.get("arguments", {}).get("parameters", [])} or None,
+             t.get("withSequence")) for t in _tpl(rendered, "main")["dag"]["tasks"]]
+
+
+RUN = f"{T.DEFAULTS.mount_path}/{{{{workflow.parameters.git-sha}}}}"
+SEQ = {"count": "{{workflow.parameters.folds}}"}
+
+
+def _replica_args(fold: str, replica: int, market: str) -> dict:
+    run_dir = RUN if market == "main" else f"{RUN}/control"
+    data = "{{workflow.parameters.data}}" if market == "main" else "{{workflow.parameters.control-data}}"
+    unit = "fold" if market == "main" else "control-fold"
+    seed_dir, seed_unit = (f"/seed{replica}", f"-seed{replica}") if replica else ("", "")
+    return {"fold": fold, "replica": str(replica), "run-dir": run_dir, "data": data,
+            "fold-dir": f"{run_dir}/fold{fold}{seed_dir}", "unit": f"{unit}{fold}{seed_unit}"}
+
+
+def test_seeds_and_control_fan_out_fold_x_seed_on_both_markets_all_before_the_report():
+    rendered = T.render(seeds=3, control=True)
+    assert rendered["metadata"]["name"] == "alpha-rl-seeds3-control"
+    assert _wiring(rendered) == [
+        ("features", "features", None, None, None),
+        ("features-control", "features-control", None, None, None),
+        ("train-fold", "train-fold", "features", {"fold": "{{item}}"}, SEQ),  # seed 0: today's task
+        ("train-fold-seed1", "train-replica", "features", _replica_args("{{item}}", 1, "main"), SEQ),
+        ("train-fold-seed2", "train-replica", "features", _replica_args("{{item}}", 2, "main"), SEQ),
+        ("control-fold", "train-replica", "features-control", _replica_args("{{item}}", 0, "control"), SEQ),
+        ("control-fold-seed1", "train-replica", "features-control", _replica_args("{{item}}", 1, "control"), SEQ),
+        ("control-fold-seed2", "train-replica", "features-control", _replica_args("{{item}}", 2, "control"), SEQ),
+        ("report", "report", "train-fold && train-fold-seed1 && train-fold-seed2 && control-fold && "
+                             "control-fold-seed1 && control-fold-seed2", None, None),
+    ]
+    # seeds without control: no control market, no control-data parameter
+    plain = T.render(seeds=2)
+    assert [w[0] for w in _wiring(plain)] == ["features", "train-fold", "train-fold-seed1", "report"]
+    assert "control-data" not in {p["name"] for p in plain["spec"]["arguments"]["parameters"]}
+
+
+def test_chain_shape_with_seeds_and_control_chains_each_seed_of_each_market_separately():
+    rendered = T.render(fold_mode="chain", folds=2, seeds=2, control=True)
+    assert rendered["metadata"]["name"] == "alpha-rl-chain-2-seeds2-control"
+    assert _wiring(rendered) == [
+        ("features", "features", None, None, None),
+        ("features-control", "features-control", None, None, None),
+        ("train-fold-0", "train-fold", "features", {"fold": "0"}, None),
+        ("train-fold-1", "train-fold", "train-fold-0", {"fold": "1"}, None),
+        ("train-fold-0-seed1", "train-replica", "features", _replica_args("0", 1, "main"), None),
+        ("train-fold-1-seed1", "train-replica", "train-fold-0-seed1", _replica_args("1", 1, "main"), None),
+        ("control-fold-0", "train-replica", "features-control", _replica_args("0", 0, "control"), None),
+        ("control-fold-1", "train-replica", "control-fold-0", _replica_args("1", 0, "control"), None),
+        ("control-fold-0-seed1", "train-replica", "features-control", _replica_args("0", 1, "control"), None),
+        ("control-fold-1-seed1", "train-replica", "control-fold-0-seed1", _replica_args("1", 1, "control"), None),
+        ("report", "report", "train-fold-1 && train-fold-1-seed1 && control-fold-1 && control-fold-1-seed1",
+         None, None),
+    ]
+
+
+def test_one_seed_without_control_renders_exactly_the_one_seed_shape():
+    assert T.render(seeds=1, control=False) == T.render()
+    assert T.render(fold_mode="chain", folds=3, seeds=1) == T.render(fold_mode="chain", folds=3)
+    names = {t["name"] for t in T.render()["spec"]["templates"]}
+    assert names == {"main", "features", "train-fold", "report"}
+
+
+def test_train_replica_pod_is_the_train_pod_with_run_dir_data_and_seed_index_from_its_inputs():
+    rendered = T.render(seeds=2, control=True)
+    fold, rep = _tpl(rendered, "train-fold"), _tpl(rendered, "train-replica")
+    for key in ("retryStrategy", "activeDeadlineSeconds", "nodeSelector", "tolerations", "podSpecPatch",
+                "securityContext"):
+        assert rep[key] == fold[key], key
+    assert rep["container"]["resources"] == fold["container"]["resources"]
+    assert [p["name"] for p in rep["inputs"]["parameters"]] == list(T.REPLICA_INPUTS)
+    args = rep["container"]["args"]
+    flags = dict(zip(args[1::2], args[2::2]))
+    assert args[0] == "trainer.train"
+    assert flags["--run-dir"] == "{{inputs.parameters.run-dir}}" and flags["--data"] == "{{inputs.parameters.data}}"
+    assert flags["--replica"] == "{{inputs.parameters.replica}}" and flags["--fold"] == "{{inputs.parameters.fold}}"
+    assert flags["--seed"] == "{{workflow.parameters.seed}}"  # the trainer adds the seed index
+    assert flags["--fxcache"] == f"{T.DEFAULTS.mount_path}/fxcache"
+    assert flags["--compile-cache"] == f"{T.DEFAULTS.mount_path}/inductor-cache"
+    fold_args = fold["container"]["args"]
+    same = {k: v for k, v in zip(fold_args[1::2], fold_args[2::2]) if k not in ("--run-dir", "--data", "--fold")}
+    assert {k: flags[k] for k in same} == same  # every other flag as train-fold passes it
+    env = {e["name"]: e["value"] for e in rep["container"]["env"]}
+    assert env["ALPHA_RL_FOLD_DIR"] == "{{inputs.parameters.fold-dir}}"
+    assert rep["synchronization"] == {"mutexes": [{"name": "alpha-rl-{{workflow.parameters.git-sha}}-"
+                                                           "{{inputs.parameters.unit}}"}]}
+    feats = _tpl(rendered, "features-control")["container"]["args"]
+    assert feats == ["--data", "{{workflow.parameters.control-data}}",
+                     "--cache-dir", f"{T.DEFAULTS.mount_path}/fxcache"]
+
+
+def test_control_data_parameter_defaults_to_the_control_of_the_default_data_spec():
+    from trainer.data.spec import control_spec
+
+    params = {p["name"]: p.get("value") for p in T.render(control=True)["spec"]["arguments"]["parameters"]}
+    assert params["control-data"] == control_spec(params["data"]) == "synthetic:signal=0"
+
+
+@pytest.mark.parametrize(("seeds", "match"), [(0, "seeds"), (True, "seeds"), ("2", "seeds")])
+def test_a_bad_seed_count_is_refused_naming_it(seeds, match):
+    with pytest.raises(ValueError, match=match):
+        T.render(seeds=seeds)
+
+
 def test_each_shape_pins_the_fold_mode_and_chain_also_the_fold_count_by_enum():
     def pinned(rendered):
         return {p["name"]: p["enum"] for p in rendered["spec"]["arguments"]["parameters"] if "enum" in p}
@@ -201,8 +314,8 @@ def test_submit_dry_run_in_chain_mode_prints_the_chain_shape_and_a_workflow_refe
                            "--fold-mode", "chain", "--dry-run"], capture_output=True, text=True, cwd=ROOT)
     assert proc.returncode == 0, proc.stderr
     template, workflow = yaml.safe_load_all(proc.stdout)
-    assert template == T.render(fold_mode="chain", folds=2)
-    assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl-chain-2"}
+    assert template == T.render(fold_mode="chain", folds=2, control=True)  # synthetic data: control by default
+    assert workflow["spec"]["workflowTemplateRef"] == {"name": "alpha-rl-chain-2-control"}
     params = {p["name"]: p["value"] for p in workflow["spec"]["arguments"]["parameters"]}
     assert params["fold-mode"] == "chain" and params["folds"] == "2"
 

@@ -24,6 +24,7 @@ from typing import Annotated, Literal, Optional
 import tyro
 
 from trainer.data.spec import spec_from_dirs
+from trainer.folds import layout
 from trainer.loop.config import TrainConfig, preset
 from trainer.settings import DEFAULT_PRESET, PRESET_NAMES
 
@@ -81,6 +82,9 @@ class RunOptions:
     """Resume from this checkpoint file instead of the newest valid one in RUN/fold<N>/."""
     attempt: int = 0
     """Retry attempt number (Argo {{retries}}), logged."""
+    replica: int = 0
+    """Seed index S of a multi-seed run: writes RUN/fold<N>/seed<S>/ and trains with seed = base seed + S (loop and
+    sim seeds; trainer/folds/layout.py). 0: RUN/fold<N>/ and the base seed, the one-seed layout."""
     s3_bucket: Optional[str] = None
     """Mirror checkpoints to s3://BUCKET/PREFIX/<sha>/fold<N>/ (default: env ALPHA_RL_S3_BUCKET)."""
     s3_prefix: str = "alpha-rl"
@@ -95,8 +99,23 @@ class RunOptions:
         return str(self.compile_cache or os.environ.get("TORCHINDUCTOR_CACHE_DIR")
                    or self.run_dir.parent / "inductor-cache")
 
+    def fold_dir(self, fold: int) -> Path:
+        """RUN/fold<N>, or RUN/fold<N>/seed<S> for replica S (ValueError, exit 2, for a negative index)."""
+        return layout.fold_dir(self.run_dir, fold, self.replica)
+
     def s3_fold_prefix(self, fold: int) -> str:
-        return f"{self.s3_prefix.strip('/')}/{self.run_dir.name}/fold{fold}"
+        """PREFIX/<sha>/fold<N>[/seed<S>], or PREFIX/<sha>/control/fold<N>[/seed<S>] (the control's run dir is
+        <sha>/control): the fold's place on the PVC, so seeds and markets never share a mirror prefix."""
+        run = self.run_dir.name if self.run_dir.name != layout.CONTROL_DIR else \
+            f"{self.run_dir.parent.name}/{layout.CONTROL_DIR}"
+        return f"{self.s3_prefix.strip('/')}/{run}/{self.fold_dir(fold).relative_to(self.run_dir).as_posix()}"
+
+    def seeded(self, cfg: TrainConfig) -> TrainConfig:
+        """`cfg` with the loop and sim seeds raised by the replica index (unchanged for replica 0)."""
+        if self.replica == 0:
+            return cfg
+        return cfg.replace(loop={"seed": layout.replica_seed(cfg.loop.seed, self.replica)},
+                           sim={"seed": layout.replica_seed(cfg.sim.seed, self.replica)})
 
 
 @dataclass(frozen=True)

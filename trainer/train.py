@@ -30,19 +30,22 @@ from trainer.loop.log import JsonLog
 
 
 def run(inv: Invocation) -> int:
-    opts, cfg = inv.run, inv.config
+    opts = inv.run
+    cfg = opts.seeded(inv.config)
     n, chained = cfg.folds.fold, cfg.folds.fold_mode == "chain" and cfg.folds.fold > 0
-    fold_dir = opts.run_dir / f"fold{n}"
+    fold_dir = opts.fold_dir(n)  # RUN/fold<N>, or RUN/fold<N>/seed<S> for an extra seed
     log = JsonLog(n)
     if (fold_dir / "result.json").exists():
         log.event("done_already", result=str(fold_dir / "result.json"), attempt=opts.attempt)
         return EXIT_OK
     if chained:
-        wait_for_previous(opts.run_dir, n, cfg.folds.chain_wait_seconds)  # InputError (exit 2) if unfinished
+        # InputError (exit 2) if this seed's previous fold is unfinished
+        wait_for_previous(opts.run_dir, n, cfg.folds.chain_wait_seconds, replica=opts.replica)
     fold_dir.mkdir(parents=True, exist_ok=True)
     started = time.perf_counter()
     log.event("start", attempt=opts.attempt, run_dir=str(opts.run_dir), folds=cfg.folds.folds, data=cfg.data,
-              preset=opts.preset, host=platform.node(), torch=torch.__version__)
+              replica=opts.replica, fold_dir=str(fold_dir), seed=cfg.loop.seed, preset=opts.preset,
+              host=platform.node(), torch=torch.__version__)
 
     # features: the fxcache (built once per data spec + feature config; skipped when present)
     fs, skipped = load_or_build(cfg.data, cfg.features, opts.fxcache_dir())
@@ -66,7 +69,7 @@ def run(inv: Invocation) -> int:
         mirror = open_mirror(opts.s3_bucket, opts.s3_fold_prefix(n), fold_dir, log.event)
         resumed = restore(trainer, fold_dir, fp, opts.resume_from, log)
         if resumed is None and chained:
-            log.event("chain_warm_start", **warm_start(trainer, opts.run_dir, fp, cfg.chain))
+            log.event("chain_warm_start", **warm_start(trainer, opts.run_dir, fp, cfg.chain, replica=opts.replica))
         log.event("resume" if resumed else "fresh", attempt=opts.attempt,
                   checkpoint=resumed["path"] if resumed else None, env_step=trainer.env_step)
         meta = {"fingerprint": fp, "fold": n, "folds": cfg.folds.folds}

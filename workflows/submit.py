@@ -28,7 +28,7 @@ from trainer.errors import exit_code_for
 from trainer.settings import COMPILE_CHOICES, DEVICES, FOLD_MODES, PRESET_NAMES  # torch-free: submitting loads no torch
 from workflows.template import DEFAULTS, PARAMETER_DEFAULTS, REPO_ROOT, render
 
-__all__ = ["ClusterError", "resolve_sha", "workflow_parameters", "build_workflow", "main"]
+__all__ = ["ClusterError", "resolve_sha", "workflow_parameters", "seeds_and_control", "build_workflow", "main"]
 
 GROUP, VERSION = "argoproj.io", "v1alpha1"
 DEFAULT_REGISTRY = "ghcr.io/alpha-rl"
@@ -86,6 +86,28 @@ def workflow_parameters(ns: argparse.Namespace, sha: str) -> dict[str, str]:
     if unknown:
         raise RuntimeError(f"parameters {sorted(unknown)} are not declared by the template")
     return params
+
+
+def seeds_and_control(ns: argparse.Namespace, params: dict[str, str]) -> tuple[int, bool, dict[str, str], str]:
+    """(seeds, control, extra workflow parameters, a log line) for --seeds and --control/--no-control.
+
+    The control market (leakage guard, issue 21) is the same synthetic spec with signal=0: on by default for
+    synthetic data, off for real data, which has no signal knob (docs/orchestration.md says why there is no
+    automatic real-data control); --control on real data is bad usage (ValueError, exit 2).
+    """
+    from trainer.data.spec import control_spec
+
+    if ns.seeds < 1:
+        raise ValueError(f"--seeds must be >= 1, got {ns.seeds}")
+    data = params.get("data", PARAMETER_DEFAULTS["data"])
+    spec = control_spec(data)  # InputError (exit 2) for a malformed --data
+    if ns.control and spec is None:
+        raise ValueError(f"--control: data {data!r} is not synthetic, and real data has no automatic control "
+                         "market (docs/orchestration.md); use --no-control")
+    control = spec is not None if ns.control is None else ns.control
+    why = "given" if ns.control is not None else ("default for synthetic data" if control else "default for real data")
+    note = f"seeds: {ns.seeds}; control market: {f'on, {spec}' if control else 'off'} ({why})"
+    return ns.seeds, control, ({"control-data": spec} if control else {}), note
 
 
 def build_workflow(params: dict[str, str], namespace: str, template_name: str = DEFAULTS.name) -> dict:
@@ -230,6 +252,12 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--parallelism", type=int, default=2, help="concurrent local tasks (--local)")
     ap.add_argument("--memory-limit", type=int, metavar="BYTES", help="cgroup memory limit per train attempt (--local)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", help="extra env for local tasks")
+    # issue 21: seed replicas and the control market (seeds_and_control)
+    ap.add_argument("--seeds", type=int, default=1,
+                    help="seeds per fold: seed index S trains with seed + S into <sha>/fold<N>/seed<S> (S >= 1)")
+    ap.add_argument("--control", action=argparse.BooleanOptionalAction, default=None,
+                    help="also train the same config on the control market (synthetic, signal=0) into "
+                         "<sha>/control/ (default: on for synthetic data, off for real data)")
     return ap
 
 
@@ -251,8 +279,11 @@ def _run(ns: argparse.Namespace) -> int:
     if ns.allow_dirty and ns.sha is None:
         print(f"warning: running uncommitted changes under sha {sha}", file=sys.stderr)
     params = workflow_parameters(ns, sha)
-    # The DAG shape follows the fold mode: chain folds run one after another (each warm-starts from the last).
-    template = render(fold_mode=ns.fold_mode or "independent", folds=ns.folds)
+    seeds, control, control_params, note = seeds_and_control(ns, params)
+    params.update(control_params)
+    # The DAG shape follows the fold mode (chain folds run one after another, each warm-starts from the last), the
+    # seed count and the control market.
+    template = render(fold_mode=ns.fold_mode or "independent", folds=ns.folds, seeds=seeds, control=control)
     workflow = build_workflow(params, ns.namespace, template["metadata"]["name"])
 
     if ns.dry_run:
@@ -267,6 +298,7 @@ def _run(ns: argparse.Namespace) -> int:
         )
         # SIGTERM (e.g. `timeout`) stops the local DAG like Ctrl-C: running tasks get SIGTERM + grace.
         signal.signal(signal.SIGTERM, signal.default_int_handler)
+        print(note, flush=True)
         try:
             result = run_local(template, params, opts)
         except KeyboardInterrupt:
@@ -291,7 +323,7 @@ def _run(ns: argparse.Namespace) -> int:
         raise ClusterError(f"Argo API error in namespace {ns.namespace!r}: {exc.status} {exc.reason}: {exc.body}") from None
     name = created["metadata"]["name"]
     print(f"workflowtemplate/{template['metadata']['name']} {action}")
-    print(f"workflow/{name} created (git-sha {sha}, {ns.folds} folds)")
+    print(f"workflow/{name} created (git-sha {sha}, {ns.folds} folds; {note})")
     print(
         f"kubectl logs -f -n {ns.namespace} -l workflows.argoproj.io/workflow={name} -c main "
         "--prefix --max-log-requests 64"

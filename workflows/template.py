@@ -2,7 +2,9 @@
 
 DAG: features (CPU pod; fxcache skip-if-exists) -> train-fold x folds (withSequence, in parallel) -> report,
 or with fold_mode="chain" the folds one after another (train-fold-0 -> train-fold-1 -> ...), since a chain
-fold warm-starts from the previous fold's final checkpoint.
+fold warm-starts from the previous fold's final checkpoint. With seeds > 1 every fold also trains seed indices
+1..seeds-1 (train-replica tasks), and with control the same runs on the signal=0 control market
+(features-control -> control-fold...); all of them in parallel before the report (chains: one per seed and market).
 
 Templates are module-level values built by the `*_template` functions; `build_workflow_template`
 only wires them. The same builder functions make the test templates (a `python -c` command with
@@ -12,7 +14,8 @@ structure the cluster gets.
 Regenerate the committed YAML (never done by CI; a test fails while it differs):
 
     python -m workflows.template --write        # -> infra/k8s/argo/alpha-rl-template.yaml (independent)
-                                                #    and alpha-rl-chain-3-template.yaml (chain, 3 folds)
+                                                #    alpha-rl-chain-3-template.yaml (chain, 3 folds)
+                                                #    alpha-rl-seeds2-control-template.yaml (2 seeds + control)
 """
 from __future__ import annotations
 
@@ -36,6 +39,8 @@ __all__ = [
     "PARAMETER_DEFAULTS",
     "features_template",
     "train_fold_template",
+    "train_replica_template",
+    "features_control_template",
     "report_template",
     "build_workflow_template",
     "render",
@@ -48,6 +53,8 @@ __all__ = [
     "FEATURES",
     "TRAIN_FOLD",
     "REPORT",
+    "RENDERED_SEEDS_CONTROL_PATH",
+    "SEEDS_EXAMPLE",
 ]
 
 REPO_ROOT = Path(__file__).resolve().parents[1]
@@ -55,6 +62,12 @@ RENDERED_PATH = REPO_ROOT / "infra" / "k8s" / "argo" / "alpha-rl-template.yaml"
 CHAIN_EXAMPLE_FOLDS = 3
 """Folds of the committed chain-shape YAML (submit renders the chain shape for the --folds it is given)."""
 RENDERED_CHAIN_PATH = REPO_ROOT / "infra" / "k8s" / "argo" / f"alpha-rl-chain-{CHAIN_EXAMPLE_FOLDS}-template.yaml"
+SEEDS_EXAMPLE = 2
+"""Seeds of the committed multi-seed + control YAML (submit renders the shape for the --seeds it is given)."""
+RENDERED_SEEDS_CONTROL_PATH = RENDERED_PATH.parent / f"alpha-rl-seeds{SEEDS_EXAMPLE}-control-template.yaml"
+CONTROL_DATA_DEFAULT = "synthetic:signal=0"
+"""Default of the `control-data` parameter (control shapes only): trainer.data.spec.control_spec('synthetic');
+submit always sets it to control_spec(--data)."""
 
 # Retry decision, evaluated by Argo (and by workflows.expr in the local runner) after a failed attempt.
 # Never retry exit 2 (bad usage/config/data) or 3 (kill criterion): a rerun can only fail the same way.
@@ -341,30 +354,112 @@ def report_template(
     )  # fmt: skip
 
 
+def features_control_template(
+    cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
+) -> Container:
+    """CPU pod: the control market's feature cache (`control-data`, the signal=0 spec), beside the main one."""
+    default_args = ["--data", _p("control-data"), "--cache-dir", f"{cfg.mount_path}/fxcache"]
+    return _pod(
+        cfg, "features-control",
+        command=list(command or ["python", "-m", "trainer.features"]),
+        args=list(args if args is not None else default_args),
+        deadline_s=cfg.cpu_deadline_s,
+        resources=_cpu_resources(cfg),
+    )  # fmt: skip
+
+
+# Inputs of a train-replica task, all set by the DAG: the seed index, the market's run dir and data spec, and the
+# fold dir and mutex suffix they imply (trainer/folds/layout.py), so the pod spec needs no conditionals.
+REPLICA_INPUTS = ("fold", "replica", "run-dir", "data", "fold-dir", "unit")
+
+
+def train_replica_template(
+    cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
+) -> Container:
+    """GPU pod: seed index `replica` of fold `fold` on the market `data`, under `run-dir` (<sha> or <sha>/control).
+
+    The same pod as train-fold (resources, pool, retries, deadline); only the run dir, the data spec, `--replica`
+    and the mutex come from its inputs. Seed index 0 of the main market stays on train-fold, so a one-seed run's
+    template, paths and mutex names are unchanged. Every market and seed shares <mount>/fxcache and
+    <mount>/inductor-cache (the control's run dir is one level deeper, so the trainer's RUN/../ default would not).
+    """
+    inp = "{{inputs.parameters.%s}}".__mod__
+    default_args = [
+        "trainer.train",
+        "--run-dir", inp("run-dir"),
+        "--fold", inp("fold"),
+        "--folds", _p("folds"),
+        "--data", inp("data"),
+        "--fxcache", f"{cfg.mount_path}/fxcache",
+        "--compile-cache", f"{cfg.mount_path}/inductor-cache",
+        "--preset", _p("preset"),
+        "--n-steps", _p("n-steps"),
+        "--n-envs", _p("n-backtests"),
+        "--per-capacity", _p("per-capacity"),
+        "--compile", _p("compile"),
+        "--seed", _p("seed"),
+        "--replica", inp("replica"),
+        "--device", _p("device"),
+        "--fold-mode", _p("fold-mode"),
+        "--attempt", "{{retries}}",
+    ]  # fmt: skip
+    return _pod(
+        cfg, "train-replica",
+        command=list(command or ["python", "-m", "workflows.launch"]),
+        args=list(args if args is not None else default_args),
+        deadline_s=cfg.train_deadline_s,
+        resources=m.ResourceRequirements(
+            requests={
+                "cpu": m.Quantity(root=cfg.train_cpu),
+                "memory": m.Quantity(root=cfg.train_memory),
+                "nvidia.com/gpu": m.Quantity(root="1"),
+            },
+            limits={"memory": m.Quantity(root=cfg.train_memory), "nvidia.com/gpu": m.Quantity(root="1")},
+        ),
+        env=[
+            m.EnvVar(name="ALPHA_RL_FOLD_DIR", value=inp("fold-dir")),
+            m.EnvVar(name="ALPHA_RL_ATTEMPT", value="{{retries}}"),
+        ],
+        inputs=[Parameter(name=n) for n in REPLICA_INPUTS],
+        node_selector={_p("pool-label-key"): _p("gpu-pool")},
+        tolerations=[m.Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+        synchronization=m.Synchronization(mutexes=[m.Mutex(name=f"alpha-rl-{_p('git-sha')}-{inp('unit')}")]),
+    )  # fmt: skip
+
+
 FEATURES = features_template()
 TRAIN_FOLD = train_fold_template()
 REPORT = report_template()
+FEATURES_CONTROL = features_control_template()
+TRAIN_REPLICA = train_replica_template()
 
 
 FOLD_MODES = ("independent", "chain")
 """The trainer's --fold-mode choices; each has its own DAG shape (see build_workflow_template)."""
 
 
-def template_name(cfg: TemplateConfig = DEFAULTS, fold_mode: str = "independent", folds: int | None = None) -> str:
-    """metadata.name of the WorkflowTemplate of this shape: `alpha-rl`, or `alpha-rl-chain-<folds>`.
+def template_name(cfg: TemplateConfig = DEFAULTS, fold_mode: str = "independent", folds: int | None = None,
+                  seeds: int = 1, control: bool = False) -> str:
+    """metadata.name of the WorkflowTemplate of this shape: `alpha-rl` or `alpha-rl-chain-<folds>`, then
+    `-seeds<N>` for N > 1 seeds and `-control` with the control market.
 
-    Each shape has its own name, so submitting a chain run never rewrites the template that independent
-    runs (or a chain run of another length) are still being created from."""
+    Each shape has its own name, so submitting a chain run (or a multi-seed run) never rewrites the template that
+    other runs are still being created from; one seed without control keeps the name `alpha-rl`."""
     if fold_mode not in FOLD_MODES:
         raise ValueError(f"fold_mode must be one of {FOLD_MODES}, got {fold_mode!r}")
+    if not isinstance(seeds, int) or isinstance(seeds, bool) or seeds < 1:
+        raise ValueError(f"seeds must be an integer >= 1, got {seeds!r}")
+    if not isinstance(control, bool):
+        raise ValueError(f"control must be a bool, got {control!r}")
+    suffix = (f"-seeds{seeds}" if seeds > 1 else "") + ("-control" if control else "")
     if fold_mode == "independent":
-        return cfg.name
+        return cfg.name + suffix
     if not isinstance(folds, int) or isinstance(folds, bool) or folds < 1:
         raise ValueError(f"folds must be an integer >= 1 for the chain shape (its tasks are listed), got {folds!r}")
-    return f"{cfg.name}-chain-{folds}"
+    return f"{cfg.name}-chain-{folds}{suffix}"
 
 
-def _arguments(fold_mode: str, folds: int | None) -> list[Parameter]:
+def _arguments(fold_mode: str, folds: int | None, control: bool = False) -> list[Parameter]:
     # `enum` pins the parameters a shape was built for: Argo refuses a Workflow that sets fold-mode (or, for the
     # chain shape, folds) to anything else, so fold 1 can never start in parallel with fold 0 in chain mode.
     pinned = {"fold-mode": [fold_mode]} | ({"folds": [str(folds)]} if fold_mode == "chain" else {})
@@ -374,6 +469,8 @@ def _arguments(fold_mode: str, folds: int | None) -> list[Parameter]:
             out.append(Parameter(name=k, value=pinned[k][0], enum=pinned[k]))
         else:
             out.append(Parameter(name=k) if v is None else Parameter(name=k, value=v))
+        if k == "data" and control:
+            out.append(Parameter(name="control-data", value=CONTROL_DATA_DEFAULT))
     return out
 
 
@@ -384,63 +481,110 @@ def build_workflow_template(
     report: Container | None = None,
     fold_mode: str = "independent",
     folds: int | None = None,
+    seeds: int = 1,
+    control: bool = False,
+    train_replica: Container | None = None,
+    features_control: Container | None = None,
 ) -> WorkflowTemplate:
-    """Wire the three templates into the `main` DAG. Defaults: the module-level templates.
+    """Wire the templates into the `main` DAG. Defaults: the module-level templates.
 
     The DAG shape follows `fold_mode`, chosen when the template is rendered (submit renders it per run):
     independent: features -> train-fold x folds (withSequence, in parallel) -> report;
     chain:       features -> train-fold-0 -> train-fold-1 -> ... -> train-fold-<folds-1> -> report, because
                  fold i warm-starts from fold i-1's final checkpoint and must not start before it succeeded.
+    `seeds` > 1 adds seed indices S = 1..seeds-1 of every fold (train-replica tasks `train-fold-seed<S>`, or in
+    chain mode their own chains `train-fold-<i>-seed<S>`), writing <sha>/fold<N>/seed<S>; `control` adds the
+    control market (features-control, then `control-fold[-seed<S>]` tasks writing <sha>/control/fold<N>[/seed<S>]).
+    Every train task is a DAG sibling of the others (chains are sequential only within one seed of one market), and
+    the report waits for all of them. seeds=1, control=False is exactly the one-seed shape.
     """
-    name = template_name(cfg, fold_mode, folds)
+    name = template_name(cfg, fold_mode, folds, seeds, control)
     features = features or (FEATURES if cfg is DEFAULTS else features_template(cfg))
     train_fold = train_fold or (TRAIN_FOLD if cfg is DEFAULTS else train_fold_template(cfg))
     report = report or (REPORT if cfg is DEFAULTS else report_template(cfg))
+    extra = seeds > 1 or control
+    if extra:
+        train_replica = train_replica or (TRAIN_REPLICA if cfg is DEFAULTS else train_replica_template(cfg))
+    if control:
+        features_control = features_control or (
+            FEATURES_CONTROL if cfg is DEFAULTS else features_control_template(cfg))
 
     t_features = Task(name="features", template=features)
-    if fold_mode == "chain":
-        assert folds is not None  # template_name checked it
-        t_trains = [Task(name=f"train-fold-{i}", template=train_fold, arguments={"fold": str(i)})
-                    for i in range(folds)]  # fmt: skip
-    else:
-        t_trains = [Task(name="train-fold", template=train_fold, arguments={"fold": "{{item}}"},
-                         with_sequence=m.Sequence(count=_p("folds")))]  # fmt: skip
     t_report = Task(name="report", template=report)
-    chain = t_features
-    for t in t_trains:
-        chain = chain >> t
-    chain >> t_report
-    main = DAG(name="main", tasks=[t_features, *t_trains, t_report])
+    run_dir = f"{cfg.mount_path}/{_p('git-sha')}"
+    markets = [("train-fold", "fold", run_dir, _p("data"), t_features)]
+    tasks = [t_features]
+    if control:
+        t_features_control = Task(name="features-control", template=features_control)
+        tasks.append(t_features_control)
+        markets.append(("control-fold", "control-fold", f"{run_dir}/control", _p("control-data"), t_features_control))
+
+    def train_task(prefix: str, unit: str, market_dir: str, data: str, replica: int, fold: str, **kw) -> Task:
+        # fold: "{{item}}" (withSequence) or the chain's literal index; seed index 0 of the main market is train-fold
+        if prefix == "train-fold" and replica == 0:
+            return Task(template=train_fold, arguments={"fold": fold}, **kw)
+        seed_dir, seed_unit = (f"/seed{replica}", f"-seed{replica}") if replica else ("", "")
+        return Task(template=train_replica, arguments={
+            "fold": fold, "replica": str(replica), "run-dir": market_dir, "data": data,
+            "fold-dir": f"{market_dir}/fold{fold}{seed_dir}", "unit": f"{unit}{fold}{seed_unit}"}, **kw)
+
+    lasts = []  # the task(s) the report depends on
+    for prefix, unit, market_dir, data, t_feat in markets:
+        for replica in range(seeds):
+            seed_name = f"-seed{replica}" if replica else ""
+            if fold_mode == "chain":
+                assert folds is not None  # template_name checked it
+                chain = t_feat
+                for i in range(folds):
+                    t = train_task(prefix, unit, market_dir, data, replica, str(i), name=f"{prefix}-{i}{seed_name}")
+                    tasks.append(t)
+                    chain = chain >> t
+                lasts.append(chain)
+            else:
+                t = train_task(prefix, unit, market_dir, data, replica, "{{item}}", name=f"{prefix}{seed_name}",
+                               with_sequence=m.Sequence(count=_p("folds")))
+                tasks.append(t)
+                t_feat >> t
+                lasts.append(t)
+    for t in lasts:
+        t >> t_report
+    tasks.append(t_report)
+    main = DAG(name="main", tasks=tasks)
 
     return WorkflowTemplate(
         name=name,
         labels={"app.kubernetes.io/name": "alpha-rl", "alpha-rl/fold-mode": fold_mode},
         entrypoint="main",
-        arguments=_arguments(fold_mode, folds),
+        arguments=_arguments(fold_mode, folds, control),
         service_account_name=cfg.service_account,
         active_deadline_seconds=cfg.workflow_deadline_s,
         # Successful pods go; failed attempts stay so `kubectl logs` still shows why they failed.
         pod_gc=m.PodGC(strategy="OnPodSuccess"),
         volumes=_volumes(cfg),
-        templates=[main, features, train_fold, report],
+        templates=[main, features, *([features_control] if control else []), train_fold,
+                   *([train_replica] if extra else []), report],
     )
 
 
 def render(cfg: TemplateConfig = DEFAULTS, fold_mode: str = "independent", folds: int | None = None,
-           **templates: Container) -> dict:
+           seeds: int = 1, control: bool = False, **templates: Container) -> dict:
     """The WorkflowTemplate of this shape as a plain dict (what is applied to the cluster)."""
-    return build_workflow_template(cfg, fold_mode=fold_mode, folds=folds, **templates).to_dict()
+    return build_workflow_template(cfg, fold_mode=fold_mode, folds=folds, seeds=seeds, control=control,
+                                   **templates).to_dict()
 
 
-def render_yaml(cfg: TemplateConfig = DEFAULTS, fold_mode: str = "independent", folds: int | None = None) -> str:
+def render_yaml(cfg: TemplateConfig = DEFAULTS, fold_mode: str = "independent", folds: int | None = None,
+                seeds: int = 1, control: bool = False) -> str:
     header = "# Rendered from workflows/template.py by `python -m workflows.template --write`. Do not edit.\n"
-    return header + yaml.safe_dump(render(cfg, fold_mode, folds), sort_keys=True, default_flow_style=False, width=120)
+    body = render(cfg, fold_mode, folds, seeds, control)
+    return header + yaml.safe_dump(body, sort_keys=True, default_flow_style=False, width=120)
 
 
-def write_rendered(path: Path = RENDERED_PATH, fold_mode: str = "independent", folds: int | None = None) -> Path:
+def write_rendered(path: Path = RENDERED_PATH, fold_mode: str = "independent", folds: int | None = None,
+                   seeds: int = 1, control: bool = False) -> Path:
     """Write the rendered YAML of one shape atomically (temp name, then rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
-    atomic_write_text(path, render_yaml(DEFAULTS, fold_mode, folds))
+    atomic_write_text(path, render_yaml(DEFAULTS, fold_mode, folds, seeds, control))
     return path
 
 
@@ -451,6 +595,7 @@ def main(argv: list[str] | None = None) -> int:
     if ns.write:
         print(write_rendered())
         print(write_rendered(RENDERED_CHAIN_PATH, "chain", CHAIN_EXAMPLE_FOLDS))
+        print(write_rendered(RENDERED_SEEDS_CONTROL_PATH, seeds=SEEDS_EXAMPLE, control=True))
     else:
         sys.stdout.write(render_yaml())
     return 0

@@ -30,7 +30,8 @@ from trainer.data.tape import MarketTape
 from trainer.errors import InputError
 from trainer.fsutil import publish_directory, write_durably
 
-__all__ = ["ParsedSpec", "parse_spec", "quote_path", "spec_from_dirs", "load_tape", "describe_spec", "synthetic_dir"]
+__all__ = ["ParsedSpec", "parse_spec", "quote_path", "spec_from_dirs", "load_tape", "describe_spec", "synthetic_dir",
+           "control_spec"]
 
 KINDS = ("synthetic", "dbn", "dbn-mbo", "lobster")
 _KEYS = {
@@ -119,6 +120,21 @@ def parse_spec(spec: str) -> ParsedSpec:
 def spec_from_dirs(mbp10_dir: str | Path, trades_dir: str | Path) -> str:
     """Spec for the seed system's `--mbp10-data-dir --trades-data-dir` flags."""
     return f"dbn:mbp10={quote_path(str(mbp10_dir))},trades={quote_path(str(trades_dir))}"
+
+
+def control_spec(spec: str) -> str | None:
+    """The leakage guard's control market for `spec`: the same synthetic market with signal=0, or None for real data.
+
+    Only the planted signal changes (seed, days and the market's dynamics stay), so a config that still "wins" on
+    the control is exploiting something other than the signal: look-ahead, leakage, or an evaluation bug. Real
+    data has no such knob; see docs/orchestration.md for why no automatic control is derived for it.
+    'synthetic' -> 'synthetic:signal=0'; 'synthetic:seed=3,days=4,signal=2' -> 'synthetic:seed=3,days=4,signal=0'.
+    """
+    parsed = parse_spec(spec)  # InputError (exit 2) for a malformed spec
+    if parsed.kind != "synthetic":
+        return None
+    options = {**{k: v for k, v in parsed.options.items() if k != "signal"}, "signal": 0}
+    return "synthetic:" + ",".join(f"{k}={v}" for k, v in options.items())
 
 
 # ---------------------------------------------------------------- synthetic (cached on disk)

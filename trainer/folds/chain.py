@@ -34,18 +34,20 @@ from trainer.checkpoint.store import fingerprint_mismatch, latest_valid
 from trainer.checkpoint.tensors import decode_json, decode_tensors
 from trainer.errors import InputError
 from trainer.settings import ChainConfig  # defined with the torch-free sections of the config tree
+from trainer.folds import layout
 
 
-def previous_fold_dir(run_dir: Path, fold: int) -> Path:
+def previous_fold_dir(run_dir: Path, fold: int, replica: int = 0) -> Path:
+    """Fold i-1's directory of the same seed index: a seed replica chains through its own folds only."""
     if fold < 1:
         raise ValueError(f"chain mode: fold {fold} has no previous fold (fold 0 trains from scratch)")
-    return Path(run_dir) / f"fold{fold - 1}"
+    return layout.fold_dir(run_dir, fold - 1, replica)
 
 
 def wait_for_previous(run_dir: Path, fold: int, wait_seconds: float = 0.0, poll_seconds: float = 2.0,
-                      sleep: Callable[[float], None] = time.sleep) -> Path:
+                      sleep: Callable[[float], None] = time.sleep, replica: int = 0) -> Path:
     """RUN/fold<i-1>/result.json once it exists (polling up to `wait_seconds`); InputError if it never appears."""
-    result = previous_fold_dir(run_dir, fold) / "result.json"
+    result = previous_fold_dir(run_dir, fold, replica) / "result.json"
     deadline = time.monotonic() + max(wait_seconds, 0.0)
     while not result.exists():
         if time.monotonic() >= deadline:
@@ -58,12 +60,12 @@ def wait_for_previous(run_dir: Path, fold: int, wait_seconds: float = 0.0, poll_
 
 
 def load_final_state(run_dir: Path, fold: int, fingerprint: dict | None = None,
-                     device: torch.device | str = "cpu") -> dict[str, dict[str, torch.Tensor]]:
+                     device: torch.device | str = "cpu", replica: int = 0) -> dict[str, dict[str, torch.Tensor]]:
     """State sections of fold i-1's newest valid checkpoint (its final state once result.json exists).
 
     `fingerprint` (this fold's; trainer.train.fingerprint) must match the checkpoint's: same config, data and
     tensor layout, else InputError naming the differing fields."""
-    prev = previous_fold_dir(run_dir, fold)
+    prev = previous_fold_dir(run_dir, fold, replica)
     ckpt = latest_valid(prev, log=lambda p, why: None)
     if ckpt is None:
         raise InputError(prev, None, f"chain mode: fold {fold - 1} finished but has no valid checkpoint to start from")
@@ -133,11 +135,13 @@ def fold_boundary(learner: Learner, previous: dict[str, torch.Tensor], fold: int
             "lr": float(learner.controllers.lr)}
 
 
-def warm_start(trainer, run_dir: Path, fingerprint: dict | None, cfg: ChainConfig = ChainConfig()) -> dict:
+def warm_start(trainer, run_dir: Path, fingerprint: dict | None, cfg: ChainConfig = ChainConfig(),
+               replica: int = 0) -> dict:
     """Chain-mode start of a fresh FoldTrainer for fold i >= 1 (called by trainer.train when no own checkpoint exists).
 
     Only the learner section is carried over: replay, n-step ring, simulator state and counters are fold i's own,
     freshly built (the replay clear of the boundary treatment)."""
-    state = load_final_state(run_dir, trainer.fold, fingerprint, device=trainer.device)
+    state = load_final_state(run_dir, trainer.fold, fingerprint, device=trainer.device, replica=replica)
     info = fold_boundary(trainer.learner, state["learner"], trainer.fold, trainer.cfg.loop.seed, cfg)
-    return {"from": str(previous_fold_dir(run_dir, trainer.fold)), "replay_size": int(trainer.replay.size), **info}
+    return {"from": str(previous_fold_dir(run_dir, trainer.fold, replica)), "replay_size": int(trainer.replay.size),
+            **info}
