@@ -287,6 +287,18 @@ def features_template(
     )  # fmt: skip
 
 
+def _train_resources(cfg: TemplateConfig) -> m.ResourceRequirements:
+    """One GPU and the train memory (request = limit, so a pod that outgrows it is OOM-killed, not evicted)."""
+    return m.ResourceRequirements(
+        requests={
+            "cpu": m.Quantity(root=cfg.train_cpu),
+            "memory": m.Quantity(root=cfg.train_memory),
+            "nvidia.com/gpu": m.Quantity(root="1"),
+        },
+        limits={"memory": m.Quantity(root=cfg.train_memory), "nvidia.com/gpu": m.Quantity(root="1")},
+    )
+
+
 def train_fold_template(
     cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
 ) -> Container:
@@ -320,14 +332,7 @@ def train_fold_template(
         command=list(command or ["python", "-m", "workflows.launch"]),
         args=list(args if args is not None else default_args),
         deadline_s=cfg.train_deadline_s,
-        resources=m.ResourceRequirements(
-            requests={
-                "cpu": m.Quantity(root=cfg.train_cpu),
-                "memory": m.Quantity(root=cfg.train_memory),
-                "nvidia.com/gpu": m.Quantity(root="1"),
-            },
-            limits={"memory": m.Quantity(root=cfg.train_memory), "nvidia.com/gpu": m.Quantity(root="1")},
-        ),
+        resources=_train_resources(cfg),
         env=[
             m.EnvVar(name="ALPHA_RL_FOLD_DIR", value=f"{run_dir}/fold{{{{inputs.parameters.fold}}}}"),
             m.EnvVar(name="ALPHA_RL_ATTEMPT", value="{{retries}}"),
@@ -408,14 +413,7 @@ def train_replica_template(
         command=list(command or ["python", "-m", "workflows.launch"]),
         args=list(args if args is not None else default_args),
         deadline_s=cfg.train_deadline_s,
-        resources=m.ResourceRequirements(
-            requests={
-                "cpu": m.Quantity(root=cfg.train_cpu),
-                "memory": m.Quantity(root=cfg.train_memory),
-                "nvidia.com/gpu": m.Quantity(root="1"),
-            },
-            limits={"memory": m.Quantity(root=cfg.train_memory), "nvidia.com/gpu": m.Quantity(root="1")},
-        ),
+        resources=_train_resources(cfg),
         env=[
             m.EnvVar(name="ALPHA_RL_FOLD_DIR", value=inp("fold-dir")),
             m.EnvVar(name="ALPHA_RL_ATTEMPT", value="{{retries}}"),
