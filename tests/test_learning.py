@@ -80,11 +80,13 @@ def test_smoke_preset_beats_the_ofi_rule_on_every_fold_of_the_strong_signal_mark
 
 @pytest.mark.slow
 def test_a_trading_agent_on_the_signal_zero_control_shows_no_edge_over_three_folds(tmp_path):
-    """The guard's power case: without the inventory penalty and without model selection (which stands aside on
-    `signal=0`) the agent trades on `signal=0` (hundreds of decided steps), and the control statistics still show no
-    edge, two-sided. The run is judged as a control (`--control` itself)."""
+    """The guard's power case: an agent that trades on `signal=0` (hundreds of decided steps: the smoke preset without
+    the inventory penalty, model selection (which stands aside there) and κ), and the control statistics still show
+    no edge, two-sided. The run is judged as a control (`--control` itself)."""
     run = tmp_path / "signal0"
-    _walk_forward(tmp_path, run, 0.0, "--sim.inventory-penalty", "0", "--loop.select-frac", "0")
+    # the smoke preset of before κ, selection and the penalty (docs/RESULTS.md): plain Thompson draws, 1,500 steps
+    _walk_forward(tmp_path, run, 0.0, "--sim.inventory-penalty", "0", "--loop.select-frac", "0",
+                  "--agent.thompson-scale", "1", "--n-steps", "1500")
     rep = subprocess.run([sys.executable, "-m", "trainer.report", "--run-dir", str(run), "--control", str(run)],
                          capture_output=True, text=True, timeout=300)
     assert rep.returncode == 0, rep.stderr[-2000:]

@@ -1,8 +1,8 @@
 """`python -m train_with_config ARGS`: the real `trainer.train` process, with config values from the environment.
 
 Tests run it as the train-fold command (`python -m workflows.launch train_with_config ...`, with this folder on
-PYTHONPATH) to drive a real trainer into a kill criterion through real settings, e.g. an absurd learning rate,
-which the production CLI deliberately does not expose. ALPHA_RL_TEST_CONFIG is a JSON object of TrainConfig
+PYTHONPATH) to drive a real trainer into a kill criterion through real settings, e.g. an absurd learning rate: the rendered
+train command is the template's, so a test cannot add `--agent.lr` to one fold's command line. ALPHA_RL_TEST_CONFIG is a JSON object of TrainConfig
 sections, applied with `TrainConfig.replace` on top of the preset the command line names:
 
     ALPHA_RL_TEST_CONFIG='{"agent": {"lr": 1e6}, "loop": {"log_every": 10}}'
@@ -20,16 +20,16 @@ CONFIG_ENV = "ALPHA_RL_TEST_CONFIG"
 
 
 def main(argv: list[str] | None = None) -> int:
-    import trainer.loop.config as loop_config
+    import trainer.cli as cli
     from trainer import train
 
     overrides = json.loads(os.environ.get(CONFIG_ENV, "{}"))
     if not isinstance(overrides, dict) or not all(isinstance(v, dict) for v in overrides.values()):
         print(f"error: {CONFIG_ENV} must be a JSON object of config sections, got {overrides!r}", file=sys.stderr)
         return 2
-    real_preset = loop_config.preset
-    # config_from_args imports `preset` from trainer.loop.config when it runs, so it picks this one up.
-    loop_config.preset = lambda name: real_preset(name).replace(**overrides)
+    real_preset = cli.preset
+    # trainer.cli builds the command line's defaults from `preset(name)`: the overrides become those defaults.
+    cli.preset = lambda name: real_preset(name).replace(**overrides)
     return train.main(argv)
 
 
