@@ -287,16 +287,57 @@ def features_template(
     )  # fmt: skip
 
 
-def _train_resources(cfg: TemplateConfig) -> m.ResourceRequirements:
-    """One GPU and the train memory (request = limit, so a pod that outgrows it is OOM-killed, not evicted)."""
-    return m.ResourceRequirements(
-        requests={
-            "cpu": m.Quantity(root=cfg.train_cpu),
-            "memory": m.Quantity(root=cfg.train_memory),
-            "nvidia.com/gpu": m.Quantity(root="1"),
-        },
-        limits={"memory": m.Quantity(root=cfg.train_memory), "nvidia.com/gpu": m.Quantity(root="1")},
-    )
+def _train_args(cfg: TemplateConfig, run_dir: str, fold: str, data: str, extra: Seq[str] = (),
+                replica: Seq[str] = ()) -> list[str]:
+    """The trainer's command line for `workflows.launch` (which logs the attempt, drops flags whose value is "", so a
+    preset's own n-steps stands when none is given, and execs `python -m trainer.train` in its place)."""
+    return [
+        "trainer.train",
+        "--run-dir", run_dir,
+        "--fold", fold,
+        "--folds", _p("folds"),
+        "--data", data,
+        "--fxcache", f"{cfg.mount_path}/fxcache",
+        *extra,
+        "--preset", _p("preset"),
+        "--n-steps", _p("n-steps"),
+        "--n-envs", _p("n-backtests"),
+        "--per-capacity", _p("per-capacity"),
+        "--compile", _p("compile"),
+        "--seed", _p("seed"),
+        *replica,
+        "--device", _p("device"),
+        "--fold-mode", _p("fold-mode"),
+        "--attempt", "{{retries}}",
+    ]  # fmt: skip
+
+
+def _train_pod(cfg: TemplateConfig, name: str, command: Seq[str] | None, args: Seq[str], fold_dir: str,
+               inputs: Seq[str], mutex: str) -> Container:
+    """The GPU pod both train templates are: one GPU and the train memory (request = limit, so a pod that outgrows it
+    is OOM-killed, not evicted), the GPU pool, the fold dir and attempt in the environment, one mutex per fold."""
+    return _pod(
+        cfg, name,
+        command=list(command or ["python", "-m", "workflows.launch"]),
+        args=list(args),
+        deadline_s=cfg.train_deadline_s,
+        resources=m.ResourceRequirements(
+            requests={
+                "cpu": m.Quantity(root=cfg.train_cpu),
+                "memory": m.Quantity(root=cfg.train_memory),
+                "nvidia.com/gpu": m.Quantity(root="1"),
+            },
+            limits={"memory": m.Quantity(root=cfg.train_memory), "nvidia.com/gpu": m.Quantity(root="1")},
+        ),
+        env=[
+            m.EnvVar(name="ALPHA_RL_FOLD_DIR", value=fold_dir),
+            m.EnvVar(name="ALPHA_RL_ATTEMPT", value="{{retries}}"),
+        ],
+        inputs=[Parameter(name=n) for n in inputs],
+        node_selector={_p("pool-label-key"): _p("gpu-pool")},
+        tolerations=[m.Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
+        synchronization=m.Synchronization(mutexes=[m.Mutex(name=mutex)]),
+    )  # fmt: skip
 
 
 def train_fold_template(
@@ -307,43 +348,11 @@ def train_fold_template(
     The run dir depends only on the git sha and the fold — never a pod or workflow name — so every
     retry and every resubmission of the same commit finds the checkpoints already written.
     """
-    run_dir = f"{cfg.mount_path}/{_p('git-sha')}"
-    default_args = [
-        # workflows.launch logs the attempt, drops flags whose value is "" (so a preset's own
-        # n-steps stands when none is given) and execs `python -m trainer.train` in its place.
-        "trainer.train",
-        "--run-dir", run_dir,
-        "--fold", "{{inputs.parameters.fold}}",
-        "--folds", _p("folds"),
-        "--data", _p("data"),
-        "--fxcache", f"{cfg.mount_path}/fxcache",
-        "--preset", _p("preset"),
-        "--n-steps", _p("n-steps"),
-        "--n-envs", _p("n-backtests"),
-        "--per-capacity", _p("per-capacity"),
-        "--compile", _p("compile"),
-        "--seed", _p("seed"),
-        "--device", _p("device"),
-        "--fold-mode", _p("fold-mode"),
-        "--attempt", "{{retries}}",
-    ]  # fmt: skip
-    return _pod(
-        cfg, "train-fold",
-        command=list(command or ["python", "-m", "workflows.launch"]),
-        args=list(args if args is not None else default_args),
-        deadline_s=cfg.train_deadline_s,
-        resources=_train_resources(cfg),
-        env=[
-            m.EnvVar(name="ALPHA_RL_FOLD_DIR", value=f"{run_dir}/fold{{{{inputs.parameters.fold}}}}"),
-            m.EnvVar(name="ALPHA_RL_ATTEMPT", value="{{retries}}"),
-        ],
-        inputs=[Parameter(name="fold")],
-        node_selector={_p("pool-label-key"): _p("gpu-pool")},
-        tolerations=[m.Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
-        synchronization=m.Synchronization(
-            mutexes=[m.Mutex(name=f"alpha-rl-{_p('git-sha')}-fold{{{{inputs.parameters.fold}}}}")]
-        ),
-    )  # fmt: skip
+    run_dir, fold = f"{cfg.mount_path}/{_p('git-sha')}", "{{inputs.parameters.fold}}"
+    default_args = _train_args(cfg, run_dir, fold, _p("data"))
+    return _train_pod(cfg, "train-fold", command, args if args is not None else default_args,
+                      fold_dir=f"{run_dir}/fold{fold}", inputs=["fold"],
+                      mutex=f"alpha-rl-{_p('git-sha')}-fold{fold}")
 
 
 def report_template(
@@ -389,40 +398,11 @@ def train_replica_template(
     <mount>/inductor-cache (the control's run dir is one level deeper, so the trainer's RUN/../ default would not).
     """
     inp = "{{inputs.parameters.%s}}".__mod__
-    default_args = [
-        "trainer.train",
-        "--run-dir", inp("run-dir"),
-        "--fold", inp("fold"),
-        "--folds", _p("folds"),
-        "--data", inp("data"),
-        "--fxcache", f"{cfg.mount_path}/fxcache",
-        "--compile-cache", f"{cfg.mount_path}/inductor-cache",
-        "--preset", _p("preset"),
-        "--n-steps", _p("n-steps"),
-        "--n-envs", _p("n-backtests"),
-        "--per-capacity", _p("per-capacity"),
-        "--compile", _p("compile"),
-        "--seed", _p("seed"),
-        "--replica", inp("replica"),
-        "--device", _p("device"),
-        "--fold-mode", _p("fold-mode"),
-        "--attempt", "{{retries}}",
-    ]  # fmt: skip
-    return _pod(
-        cfg, "train-replica",
-        command=list(command or ["python", "-m", "workflows.launch"]),
-        args=list(args if args is not None else default_args),
-        deadline_s=cfg.train_deadline_s,
-        resources=_train_resources(cfg),
-        env=[
-            m.EnvVar(name="ALPHA_RL_FOLD_DIR", value=inp("fold-dir")),
-            m.EnvVar(name="ALPHA_RL_ATTEMPT", value="{{retries}}"),
-        ],
-        inputs=[Parameter(name=n) for n in REPLICA_INPUTS],
-        node_selector={_p("pool-label-key"): _p("gpu-pool")},
-        tolerations=[m.Toleration(key="nvidia.com/gpu", operator="Exists", effect="NoSchedule")],
-        synchronization=m.Synchronization(mutexes=[m.Mutex(name=f"alpha-rl-{_p('git-sha')}-{inp('unit')}")]),
-    )  # fmt: skip
+    default_args = _train_args(cfg, inp("run-dir"), inp("fold"), inp("data"),
+                               extra=["--compile-cache", f"{cfg.mount_path}/inductor-cache"],
+                               replica=["--replica", inp("replica")])
+    return _train_pod(cfg, "train-replica", command, args if args is not None else default_args,
+                      fold_dir=inp("fold-dir"), inputs=REPLICA_INPUTS, mutex=f"alpha-rl-{_p('git-sha')}-{inp('unit')}")
 
 
 FEATURES = features_template()
