@@ -277,9 +277,15 @@ def features_template(
     cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
 ) -> Container:
     """CPU pod: build the feature cache under <mount>/fxcache (the trainer skips it if present)."""
-    default_args = ["--data", _p("data"), "--cache-dir", f"{cfg.mount_path}/fxcache"]
+    return _features_pod(cfg, "features", "data", command, args)
+
+
+def _features_pod(cfg: TemplateConfig, name: str, data_param: str, command: Seq[str] | None,
+                  args: Seq[str] | None) -> Container:
+    """A CPU pod running `python -m trainer.features` on the workflow parameter `data_param` into <mount>/fxcache."""
+    default_args = ["--data", _p(data_param), "--cache-dir", f"{cfg.mount_path}/fxcache"]
     return _pod(
-        cfg, "features",
+        cfg, name,
         command=list(command or ["python", "-m", "trainer.features"]),
         args=list(args if args is not None else default_args),
         deadline_s=cfg.cpu_deadline_s,
@@ -372,14 +378,7 @@ def features_control_template(
     cfg: TemplateConfig = DEFAULTS, command: Seq[str] | None = None, args: Seq[str] | None = None
 ) -> Container:
     """CPU pod: the control market's feature cache (`control-data`, the signal=0 spec), beside the main one."""
-    default_args = ["--data", _p("control-data"), "--cache-dir", f"{cfg.mount_path}/fxcache"]
-    return _pod(
-        cfg, "features-control",
-        command=list(command or ["python", "-m", "trainer.features"]),
-        args=list(args if args is not None else default_args),
-        deadline_s=cfg.cpu_deadline_s,
-        resources=_cpu_resources(cfg),
-    )  # fmt: skip
+    return _features_pod(cfg, "features-control", "control-data", command, args)
 
 
 # Inputs of a train-replica task, all set by the DAG: the seed index, the market's run dir and data spec, and the
