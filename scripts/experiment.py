@@ -20,6 +20,9 @@ import time
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from trainer.report import GateConfig  # noqa: E402
+
 
 def run_one(out: Path, name: str, flags: str, seed: int, fold: int, args) -> tuple[str, int, int, int, float]:
     run_dir = out / name / f"seed{seed}"
@@ -37,10 +40,12 @@ def run_one(out: Path, name: str, flags: str, seed: int, fold: int, args) -> tup
 
 def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> str:
     lines = ["| variant | agent net per fold (mean over seeds) | OFI net per fold | agent total | OFI total | "
-             "beats OFI (runs) | win rate | trades | time in market | stood aside | val best net |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "beats OFI (runs) | win rate | trades | time in market | stood aside | val best net | win & hold gates (runs) |",
+             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    gates = GateConfig()
     for name in variants:
         per_fold, ofi_fold, wins, trades, tim, aside, beats, runs, val = [], [], [], [], [], 0, 0, 0, []
+        gated = 0
         for fold in range(folds):
             nets, ofis = [], []
             for seed in seeds:
@@ -56,6 +61,8 @@ def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> 
                     wins.append(r["win_rate"])
                 trades.append(r["trades"]), tim.append(r.get("time_in_market", 0.0))
                 aside += bool(r.get("stood_aside", False))
+                gated += ((not r["trades"] or r["win_rate"] > gates.min_win_rate)
+                          and gates.hold_frac_min <= r.get(gates.hold_metric, 0.0) <= gates.hold_frac_max)
                 if r.get("select_best_net_pnl") is not None:
                     val.append(r["select_best_net_pnl"])
             per_fold.append(statistics.fmean(nets) if nets else float("nan"))
@@ -64,7 +71,7 @@ def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> 
         lines.append(f"| {name} | {' / '.join(f'{x:+,.0f}' for x in per_fold)} | "
                      f"{' / '.join(f'{x:+,.0f}' for x in ofi_fold)} | {sum(per_fold):+,.0f} | {sum(ofi_fold):+,.0f} | "
                      f"{beats}/{runs} | {mean(wins):.3f} | {mean(trades):.0f} | {mean(tim):.2f} | {aside} | "
-                     f"{mean(val):+,.0f} |")
+                     f"{mean(val):+,.0f} | {gated}/{runs} |")
     return "\n".join(lines)
 
 

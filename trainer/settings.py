@@ -130,12 +130,17 @@ class LoopConfig:
     select_min_net: float = 0.0
     """The fold stands aside (never opens a position out of sample) unless the best validated network netted more
     than this (currency, after fees) on the held-out slice."""
+    select_min_t: float = 0.0
+    """... and unless the t-statistic of that network's net PnL over the `select_envs` validation segments exceeds
+    this. 0 adds nothing to `select_min_net` 0 (t > 0 exactly when the net is); 2 asks for an edge that held across
+    the slice, not one lucky stretch (docs/RESULTS.md, "A stricter stand-aside rule")."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.select_frac < 1.0:
             raise ValueError(f"LoopConfig.select_frac must be in [0, 1), got {self.select_frac!r}")
-        if not math.isfinite(self.select_min_net):
-            raise ValueError(f"LoopConfig.select_min_net must be finite, got {self.select_min_net!r}")
+        for name in ("select_min_net", "select_min_t"):
+            if not math.isfinite(getattr(self, name)):
+                raise ValueError(f"LoopConfig.{name} must be finite, got {getattr(self, name)!r}")
         for name in ("n_steps", "log_every", "checkpoint_every", "select_every", "select_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)!r}")

@@ -121,7 +121,8 @@ class FoldTrainer:
                                  row_range=(train.start + W - 1, train_stop), compile=cfg.loop.compile,
                                  overlap=overlap, act_sm_share=lc.act_sm_share)
         self.selector = None if lc.select_frac <= 0 else Selector(
-            self.learner, self.features, tape, cfg.sim, W, val_start, train.stop, lc.select_envs, lc.select_min_net)
+            self.learner, self.features, tape, cfg.sim, W, val_start, train.stop, lc.select_envs, lc.select_min_net,
+            lc.select_min_t)
         self.env_step = 0  # loop iterations done (each is n_envs env steps); host-side, no sync needed
         self.update_step = 0  # gradient steps done
         self.wall_seconds = 0.0  # accumulated over attempts

@@ -3,9 +3,12 @@
 The last `select_frac` of the training window's rows are never trained on. Every `select_every` steps the greedy
 policy (argmax E[Q], as in out-of-sample evaluation) is backtested on that slice, and the online weights with the
 best validation net PnL are kept (a device copy). At the end of the fold those weights, not the last ones, go to
-out-of-sample evaluation. The null model is a candidate too: when no evaluated network nets more than
-`select_min_net` on the slice, the fold stands aside (its deployed policy never opens a position): staying flat
-when nothing paid on data the network never trained on is then a decision taken on evidence, not a collapse.
+out-of-sample evaluation. The null model is a candidate too: the fold stands aside (its deployed policy never opens
+a position) unless the best network netted more than `select_min_net` on the slice *and* its segments' net PnLs
+have a t-statistic above `select_min_t`. Staying flat when nothing paid on data the network never trained on is
+then a decision taken on evidence, not a collapse. The t-rule is the stricter one: the best of ~20 validations of
+a network with no edge often nets a little by chance (winner's curse), but rarely does so consistently across
+the slice's segments (docs/RESULTS.md, "A stricter stand-aside rule").
 
 Validation backtests: `select_envs` envs start at evenly spaced rows of the slice, each replays its own contiguous
 part greedily, then every env is flattened by a market order so open positions are counted with their fees (the
@@ -16,6 +19,7 @@ Each validation is one host sync (reading the backtest's PnL), at the select int
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import torch
 
@@ -40,13 +44,32 @@ def split_validation(start: int, stop: int, select_frac: float, window: int) -> 
     return stop - n_val, stop - n_val
 
 
+def segment_tstat(pnls: list[float]) -> float:
+    """One-sample t-statistic of the segments' net PnLs against 0: mean / (sample sd / sqrt(n)).
+
+    Zero spread gives +inf / -inf / 0 by the mean's sign; fewer than two segments give nan (never above a floor)."""
+    n = len(pnls)
+    if n < 2:
+        return float("nan")
+    mean = math.fsum(pnls) / n
+    var = math.fsum((x - mean) ** 2 for x in pnls) / (n - 1)
+    if var == 0.0:
+        return math.copysign(math.inf, mean) if mean else 0.0
+    return mean / math.sqrt(var / n)
+
+
+def _json_number(x: float) -> float | None:
+    """x, or None where JSON has no number for it (nan, ±inf: a t-statistic of segments with no spread)."""
+    return x if math.isfinite(x) else None
+
+
 class Selector:
     """Validation backtests of the greedy policy and the best weights so far (state for checkpoints)."""
 
     def __init__(self, learner: Learner, features: torch.Tensor, tape: DecisionTape, sim_cfg: SimConfig,
-                 window: int, val_start: int, val_stop: int, n_envs: int, min_net: float):
+                 window: int, val_start: int, val_stop: int, n_envs: int, min_net: float, min_t: float = 0.0):
         self.learner, self.features, self.window = learner, features, window
-        self.val_start, self.val_stop, self.min_net = val_start, val_stop, min_net
+        self.val_start, self.val_stop, self.min_net, self.min_t = val_start, val_stop, min_net, min_t
         # First row with a full observation window inside the slice, as the agent sees it (feed latency k rows late).
         first = val_start + window - 1 + sim_cfg.feed_latency_steps
         span = val_stop - 1 - first
@@ -57,8 +80,9 @@ class Selector:
         self.start_rows = first + torch.arange(n_seg, device=dev, dtype=torch.int64) * self.seg_len  # (n_seg,)
         n_params = sum(p.numel() for p in learner.params)
         self.best_params = torch.zeros(n_params, device=dev)  # (n_params,) flat copy of the best online weights
-        # [best validation net PnL, env_step it was seen at, validations run, latest net PnL, latest env_step]
-        self.record = torch.tensor([float("-inf"), -1.0, 0.0, float("nan"), -1.0], dtype=torch.float64)
+        # [best validation net PnL, env_step it was seen at, validations run, latest net PnL, latest env_step,
+        #  t-statistic of the best network's segment net PnLs]
+        self.record = torch.tensor([float("-inf"), -1.0, 0.0, float("nan"), -1.0, float("nan")], dtype=torch.float64)
 
     @torch.no_grad()
     def validate(self, env_step: int) -> dict[str, float]:
@@ -75,16 +99,20 @@ class Selector:
         close[:, 0], close[:, 2] = FLAT, MARKET
         sim.step(state, close)
         stats = sim.stats(state)
+        segments = sim.equity(state).double()  # (n_seg,) each segment's net PnL: every env is flat after the close
         net_pnl, trades = float(stats["net_pnl"]), int(stats["round_trips"])  # host sync, once per validation
+        t = segment_tstat(segments.tolist())
         net.train(was_training)
-        best, _, count, _, _ = self.record.tolist()
+        best, _, count, _, _, best_t = self.record.tolist()
         improved = net_pnl > best
         if improved:
             torch.cat([p.detach().reshape(-1) for p in self.learner.params], out=self.best_params)
-            best = net_pnl
+            best, best_t = net_pnl, t
             self.record[1] = env_step
         self.record[0], self.record[2], self.record[3], self.record[4] = best, count + 1, net_pnl, env_step
-        return {"val_net_pnl": net_pnl, "val_trades": trades, "val_best_net_pnl": best, "improved": improved}
+        self.record[5] = best_t
+        return {"val_net_pnl": net_pnl, "val_trades": trades, "val_t": _json_number(t), "val_best_net_pnl": best,
+                "improved": improved}
 
     @property
     def last_step(self) -> int:
@@ -93,8 +121,10 @@ class Selector:
 
     @property
     def stands_aside(self) -> bool:
-        """True when no validated network netted more than `min_net` on the slice (or none was validated)."""
-        return not float(self.record[0]) > self.min_net
+        """True unless the best validated network netted more than `min_net` on the slice and its segments' t-statistic
+        exceeds `min_t` (also True when none was validated)."""
+        best, best_t = float(self.record[0]), float(self.record[5])
+        return not (best > self.min_net and best_t > self.min_t)
 
     def load_best(self) -> None:
         """Copy the best weights into the online network (the one evaluation reads)."""
@@ -105,8 +135,9 @@ class Selector:
                 offset += p.numel()
 
     def summary(self) -> dict[str, float | int | bool]:
-        best, step, count, last, _ = self.record.tolist()
-        return {"select_best_net_pnl": best if count else None, "select_best_step": int(step),
+        best, step, count, last, _, best_t = self.record.tolist()
+        return {"select_best_net_pnl": best if count else None, "select_best_t": _json_number(best_t) if count else None,
+                "select_best_step": int(step),
                 "select_validations": int(count), "select_last_net_pnl": last if count else None,
                 "stood_aside": self.stands_aside, "select_rows": [self.val_start, self.val_stop]}
 
