@@ -202,9 +202,12 @@ class TrainStep:
 
     def _sample(self) -> tuple[torch.Tensor, Transitions]:
         """Replay slots (B,) and their transitions, with the observation windows gathered from the features."""
-        idx, batch = self.replay.sample(self.batch_size)
-        return idx, batch._replace(obs=gather_windows(self.features, batch.row, self.window),  # (B, W, F)
-                                   next_obs=gather_windows(self.features, batch.next_row, self.window))
+        idx, b = self.replay.sample(self.batch_size)
+        # Built by the constructor, not `b._replace`: dynamo of PyTorch 2.11 cannot return a namedtuple made by
+        # `_replace` from a compiled function (an AssertionError in side_effects; 2.13 can).
+        return idx, Transitions(b.row, b.env_state, b.action, b.return_n, b.discount_n, b.next_row, b.next_env_state,
+                                b.weight, obs=gather_windows(self.features, b.row, self.window),  # (B, W, F)
+                                next_obs=gather_windows(self.features, b.next_row, self.window))
 
     def _act(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The decision rows (n_envs,) observed now, the env state (n_envs, S) the agent sees, and the actions
