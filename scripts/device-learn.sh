@@ -8,7 +8,10 @@ if [ -d .whl ]; then
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl >/dev/null 2>&1
   export PYTHONPATH=/tmp/site:$PWD
 fi
-export PYTHONUNBUFFERED=1 ALPHA_RL_DATA_DIR=${ALPHA_RL_DATA_DIR:-$PWD/.devdata/data}
+# One compile cache for every process: the runs of a call compile the same graphs (docs/RESULTS.md §5: 18 processes
+# compiling cold took ~180 s). Keep 6-9 processes per call: evaluation runs eagerly and slows down on shared cores.
+export PYTHONUNBUFFERED=1 ALPHA_RL_DATA_DIR=${ALPHA_RL_DATA_DIR:-$PWD/.devdata/data} \
+  TORCHINDUCTOR_CACHE_DIR=${TORCHINDUCTOR_CACHE_DIR:-/tmp/inductor-cache}
 mkdir -p "$out"
 if [ -n "$h100" ]; then
   (eval timeout "$secs" python3 scripts/experiment.py --out /tmp/exp-h100 --preset h100 $h100 > "$out/h100.log" 2>&1;
