@@ -116,12 +116,6 @@ def test_entropy_uniform_is_log_k_and_collapsed_is_zero():
     assert entropy_nats(np.zeros(4)) == 0.0
 
 
-def test_t_statistic_of_fold_pnls():
-    assert t_statistic([1.0, 2.0, 3.0]) == pytest.approx(2.0 / (1.0 / math.sqrt(3)))
-    assert t_statistic([5.0]) is None
-    assert t_statistic([2.0, 2.0]) is None
-
-
 def test_mid_edge_hand_case_marks_each_decided_position_to_the_next_mid():
     q = np.array([0, 1, 1, -2, 0, 3])
     mid_x2 = np.array([200, 201, 203, 203, 201, 200, 199])  # 2 x mid: half-tick moves +1, +2, 0, -2, -1, -1

@@ -25,6 +25,8 @@ import math
 
 import numpy as np
 
+from trainer.numeric import t_statistic  # noqa: F401 - part of this module's API (report, tests)
+
 NS_PER_DAY = 86_400 * 1_000_000_000
 TRADING_DAYS_PER_YEAR = 252.0
 
@@ -170,20 +172,6 @@ def entropy_nats(counts: np.ndarray) -> float:
         return 0.0
     p = c[c > 0] / total
     return float(-(p * np.log(p)).sum())
-
-
-def t_statistic(values: list[float] | np.ndarray) -> float | None:
-    """One-sample t-statistic of the mean against 0: mean / (sample std / sqrt(n)); None for n < 2 or zero spread.
-
-    Across folds this asks whether the out-of-sample net PnL is distinguishable from zero, treating folds as
-    independent draws (they are not quite: adjacent windows share regimes, so read it as optimistic)."""
-    v = np.asarray(values, dtype=np.float64)
-    if v.size < 2:
-        return None
-    sd = float(v.std(ddof=1))
-    if sd == 0.0:
-        return None
-    return float(v.mean() / (sd / math.sqrt(v.size)))
 
 
 def mid_edge(decision_position: np.ndarray, mid_x2: np.ndarray, tick_value: float) -> np.ndarray:

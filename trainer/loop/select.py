@@ -5,7 +5,7 @@ policy (argmax E[Q], as in out-of-sample evaluation) is backtested on that slice
 best validation net PnL are kept (a device copy). At the end of the fold those weights, not the last ones, go to
 out-of-sample evaluation. The null model is a candidate too: the fold stands aside (its deployed policy never opens
 a position) unless the best network netted more than `select_min_net` on the slice *and* its segments' net PnLs
-have a t-statistic above `select_min_t`. Staying flat when nothing paid on data the network never trained on is
+have a t-statistic above `select_min_t` (where t is undefined, one segment or no spread, the net floor alone decides). Staying flat when nothing paid on data the network never trained on is
 then a decision taken on evidence, not a collapse. The t-rule is the stricter one: the best of ~20 validations of
 a network with no edge often nets a little by chance (winner's curse), but rarely does so consistently across
 the slice's segments (docs/RESULTS.md, "A stricter stand-aside rule").
@@ -26,6 +26,7 @@ import torch
 from trainer.agent.learner import Learner
 from trainer.features.decision import DecisionTape
 from trainer.loop.step import gather_windows
+from trainer.numeric import t_statistic
 from trainer.sim import FLAT, MARKET, SimConfig, Simulator
 
 
@@ -42,25 +43,6 @@ def split_validation(start: int, stop: int, select_frac: float, window: int) -> 
         raise ValueError(f"LoopConfig.select_frac={select_frac}: the training window [{start}, {stop}) has {n} rows, "
                          f"too few to hold out {n_val} and keep {window + 2} to train on")
     return stop - n_val, stop - n_val
-
-
-def segment_tstat(pnls: list[float]) -> float:
-    """One-sample t-statistic of the segments' net PnLs against 0: mean / (sample sd / sqrt(n)).
-
-    Zero spread gives +inf / -inf / 0 by the mean's sign; fewer than two segments give nan (never above a floor)."""
-    n = len(pnls)
-    if n < 2:
-        return float("nan")
-    mean = math.fsum(pnls) / n
-    var = math.fsum((x - mean) ** 2 for x in pnls) / (n - 1)
-    if var == 0.0:
-        return math.copysign(math.inf, mean) if mean else 0.0
-    return mean / math.sqrt(var / n)
-
-
-def _json_number(x: float) -> float | None:
-    """x, or None where JSON has no number for it (nan, ±inf: a t-statistic of segments with no spread)."""
-    return x if math.isfinite(x) else None
 
 
 class Selector:
@@ -100,18 +82,20 @@ class Selector:
         sim.step(state, close)
         stats = sim.stats(state)
         segments = sim.equity(state).double()  # (n_seg,) each segment's net PnL: every env is flat after the close
-        net_pnl, trades = float(stats["net_pnl"]), int(stats["round_trips"])  # host sync, once per validation
-        t = segment_tstat(segments.tolist())
+        net_pnl, trades, *seg = torch.cat([torch.stack([stats["net_pnl"], stats["round_trips"].double()]),
+                                           segments]).tolist()  # the host sync, once per validation
+        trades = int(trades)
+        t = t_statistic(seg)  # None: one segment, or no spread
         net.train(was_training)
         best, _, count, _, _, best_t = self.record.tolist()
         improved = net_pnl > best
         if improved:
             torch.cat([p.detach().reshape(-1) for p in self.learner.params], out=self.best_params)
-            best, best_t = net_pnl, t
+            best, best_t = net_pnl, math.nan if t is None else t
             self.record[1] = env_step
         self.record[0], self.record[2], self.record[3], self.record[4] = best, count + 1, net_pnl, env_step
         self.record[5] = best_t
-        return {"val_net_pnl": net_pnl, "val_trades": trades, "val_t": _json_number(t), "val_best_net_pnl": best,
+        return {"val_net_pnl": net_pnl, "val_trades": trades, "val_t": t, "val_best_net_pnl": best,
                 "improved": improved}
 
     @property
@@ -122,9 +106,9 @@ class Selector:
     @property
     def stands_aside(self) -> bool:
         """True unless the best validated network netted more than `min_net` on the slice and its segments' t-statistic
-        exceeds `min_t` (also True when none was validated)."""
+        exceeds `min_t` or is undefined (also True when none was validated)."""
         best, best_t = float(self.record[0]), float(self.record[5])
-        return not (best > self.min_net and best_t > self.min_t)
+        return not (best > self.min_net and (math.isnan(best_t) or best_t > self.min_t))
 
     def load_best(self) -> None:
         """Copy the best weights into the online network (the one evaluation reads)."""
@@ -136,7 +120,7 @@ class Selector:
 
     def summary(self) -> dict[str, float | int | bool]:
         best, step, count, last, _, best_t = self.record.tolist()
-        return {"select_best_net_pnl": best if count else None, "select_best_t": _json_number(best_t) if count else None,
+        return {"select_best_net_pnl": best if count else None, "select_best_t": None if math.isnan(best_t) else best_t,
                 "select_best_step": int(step),
                 "select_validations": int(count), "select_last_net_pnl": last if count else None,
                 "stood_aside": self.stands_aside, "select_rows": [self.val_start, self.val_stop]}
