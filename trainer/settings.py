@@ -132,7 +132,8 @@ class LoopConfig:
     than this (currency, after fees) on the held-out slice."""
     select_min_t: float = 0.0
     """... and unless the t-statistic of that network's net PnL over the `select_envs` validation segments exceeds
-    this. 0 adds nothing to `select_min_net` 0 (t > 0 exactly when the net is); 2 asks for an edge that held across
+    this, where t is defined (two or more segments with some spread; otherwise the net floor alone decides). 0 adds
+    nothing to `select_min_net` 0 (t > 0 exactly when the net is); 2 asks for an edge that held across
     the slice, not one lucky stretch. Neither preset sets it: on a small slice t is too noisy, and 2 would have
     stood aside on 7 of 15 smoke folds that beat the OFI rule (docs/RESULTS.md, "A stricter stand-aside rule")."""
 
