@@ -9,7 +9,8 @@ import pytest
 
 from trainer.folds.metrics import (bar_ends, bar_returns, bars_per_day, edge_stats, edge_sums, entropy_nats,
                                    day_pnls, equity_metrics, holding_periods, holding_time, max_drawdown, mid_edge,
-                                   t_statistic, trade_pnls)
+                                   trade_pnls)
+from trainer.numeric import t_statistic
 
 S = 1_000_000_000  # ns per second
 BAR = 300 * S

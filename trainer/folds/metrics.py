@@ -25,8 +25,6 @@ import math
 
 import numpy as np
 
-from trainer.numeric import t_statistic  # noqa: F401 - part of this module's API (report, tests)
-
 NS_PER_DAY = 86_400 * 1_000_000_000
 TRADING_DAYS_PER_YEAR = 252.0
 

@@ -5,8 +5,9 @@ policy (argmax E[Q], as in out-of-sample evaluation) is backtested on that slice
 best validation net PnL are kept (a device copy). At the end of the fold those weights, not the last ones, go to
 out-of-sample evaluation. The null model is a candidate too: the fold stands aside (its deployed policy never opens
 a position) unless the best network netted more than `select_min_net` on the slice *and* its segments' net PnLs
-have a t-statistic above `select_min_t` (where t is undefined, one segment or no spread, the net floor alone decides). Staying flat when nothing paid on data the network never trained on is
-then a decision taken on evidence, not a collapse. The t-rule is the stricter one: the best of ~20 validations of
+have a t-statistic above `select_min_t` (where t is undefined, one segment or no spread, the net floor alone
+decides). Staying flat when nothing paid on data the network never trained on is then a decision taken on
+evidence, not a collapse. The t-rule is the stricter one: the best of ~20 validations of
 a network with no edge often nets a little by chance (winner's curse), but rarely does so consistently across
 the slice's segments (docs/RESULTS.md, "A stricter stand-aside rule").
 

@@ -45,7 +45,8 @@ import numpy as np
 
 from trainer.data.fees import schedule_for_spec
 from trainer.errors import InputError
-from trainer.folds.metrics import edge_stats, t_statistic
+from trainer.folds.metrics import edge_stats
+from trainer.numeric import t_statistic
 from trainer.report import stats
 
 FOLD_DIR = re.compile(r"^fold(\d+)$")
