@@ -6,7 +6,8 @@ parallel, then one table per variant against the OFI rule (docs/RESULTS.md keeps
 
 Each variant is NAME=FLAGS (extra trainer flags, shell-quoted). Results land in DIR/NAME/seed<S>/fold<N>/result.json;
 the table (stdout and DIR/table.md) gives per variant: net PnL per fold (mean over seeds), the OFI rule's net on the
-same windows, win rate, trades, time in market, folds stood aside, and how many (seed, fold) runs beat the OFI rule.
+same windows at one contract and at the agent's position limit (`ofi_rule_max`, the size-matched comparison), win rate,
+trades, time in market, folds stood aside, and how many (seed, fold) runs beat each rule.
 """
 from __future__ import annotations
 
@@ -39,24 +40,27 @@ def run_one(out: Path, name: str, flags: str, seed: int, fold: int, args) -> tup
 
 
 def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> str:
-    lines = ["| variant | agent net per fold (mean over seeds) | OFI net per fold | agent total | OFI total | "
-             "beats OFI (runs) | win rate | trades | time in market | stood aside | val best net | win & hold gates (runs) |",
-             "|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+    lines = ["| variant | agent net per fold (mean over seeds) | OFI net per fold | OFI max net per fold | agent total | "
+             "OFI total | OFI max total | beats OFI (runs) | beats OFI max (runs) | win rate | trades | time in market | "
+             "stood aside | val best net | win & hold gates (runs) |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
     gates = GateConfig()
     for name in variants:
-        per_fold, ofi_fold, wins, trades, tim, aside, beats, runs, val = [], [], [], [], [], 0, 0, 0, []
-        gated = 0
+        per_fold, ofi_fold, max_fold, wins, trades, tim, aside, beats, runs, val = [], [], [], [], [], [], 0, 0, 0, []
+        gated = beats_max = 0
         for fold in range(folds):
-            nets, ofis = [], []
+            nets, ofis, maxes = [], [], []
             for seed in seeds:
                 p = out / name / f"seed{seed}" / f"fold{fold}" / "result.json"
                 if not p.exists():
                     continue
                 r = json.loads(p.read_text())
                 ofi = r["baselines"]["ofi_rule"]["net_pnl"]
-                nets.append(r["net_pnl"]), ofis.append(ofi)
+                big = r["baselines"].get("ofi_rule_max", {}).get("net_pnl", float("nan"))  # absent before 2026-12-05
+                nets.append(r["net_pnl"]), ofis.append(ofi), maxes.append(big)
                 runs += 1
                 beats += r["net_pnl"] > ofi
+                beats_max += r["net_pnl"] > big
                 if r["trades"]:
                     wins.append(r["win_rate"])
                 trades.append(r["trades"]), tim.append(r.get("time_in_market", 0.0))
@@ -67,10 +71,12 @@ def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> 
                     val.append(r["select_best_net_pnl"])
             per_fold.append(statistics.fmean(nets) if nets else float("nan"))
             ofi_fold.append(statistics.fmean(ofis) if ofis else float("nan"))
+            max_fold.append(statistics.fmean(maxes) if maxes else float("nan"))
         mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
         lines.append(f"| {name} | {' / '.join(f'{x:+,.0f}' for x in per_fold)} | "
-                     f"{' / '.join(f'{x:+,.0f}' for x in ofi_fold)} | {sum(per_fold):+,.0f} | {sum(ofi_fold):+,.0f} | "
-                     f"{beats}/{runs} | {mean(wins):.3f} | {mean(trades):.0f} | {mean(tim):.2f} | {aside} | "
+                     f"{' / '.join(f'{x:+,.0f}' for x in ofi_fold)} | {' / '.join(f'{x:+,.0f}' for x in max_fold)} | "
+                     f"{sum(per_fold):+,.0f} | {sum(ofi_fold):+,.0f} | {sum(max_fold):+,.0f} | "
+                     f"{beats}/{runs} | {beats_max}/{runs} | {mean(wins):.3f} | {mean(trades):.0f} | {mean(tim):.2f} | {aside} | "
                      f"{mean(val):+,.0f} | {gated}/{runs} |")
     return "\n".join(lines)
 

@@ -133,6 +133,10 @@ def test_ofi_rule_reads_the_ofi_column_by_name():
     assert a[:, 0].tolist() == [LONG, SHORT, HOLD, HOLD]
     assert (a[:, 2] == MARKET).all() and (a[:, 1] == 0).all()
     assert ofi_column(NAMES) == 2
+    big = ofi_rule_policy(NAMES, OfiRuleConfig(magnitude=2))(obs, torch.zeros(4, 7))
+    assert torch.equal(big[:, 0], a[:, 0]) and (big[:, 1] == 2).all()  # same decisions, the largest position
+    with pytest.raises(ValueError, match="magnitude"):
+        OfiRuleConfig(magnitude=3)
     with pytest.raises(ValueError, match="ofi_sum.*ofi_l0"):
         ofi_column(("ofi_l0", "spread_ticks"))
     with pytest.raises(ValueError, match="threshold"):
@@ -143,7 +147,7 @@ def test_baselines_run_through_the_same_evaluation(market):
     tape, feats = market
     cfg = EvalConfig(n_envs=8)
     b = run_baselines(NAMES, feats, tape, SIM, W, START, STOP, cfg, seed=5)
-    assert set(b) == {"flat", "random", "ofi_rule"}
+    assert set(b) == {"flat", "random", "ofi_rule", "ofi_rule_max"}
     for name, m in b.items():
         assert set(m) == set(HEADLINE), name
     again = evaluate(ofi_rule_policy(NAMES), feats, tape, SIM, W, START, STOP, cfg=cfg).metrics
@@ -151,6 +155,22 @@ def test_baselines_run_through_the_same_evaluation(market):
     assert b["flat"]["trades"] == 0 and b["random"]["trades"] > 0
     agent = evaluate(_sign_policy, feats, tape, SIM, W, START, STOP, cfg=cfg).metrics
     assert {len(m["bar_pnl"]) for m in b.values()} == {len(agent["bar_pnl"])}  # paired bars for the reality check
+
+
+def test_ofi_rule_max_is_the_same_rule_at_the_position_limit_and_scales_its_pnl_in_a_deep_book(market):
+    """max_position 3: the rule's entries become 3 contracts instead of 1. With every level 50 deep and a taker fee per
+    contract, each market order fills at the same price whatever its size, so trips, win rate and the mid edge stay
+    and PnL, fees and turnover triple exactly."""
+    tape, feats = market
+    deep = dataclasses.replace(tape, bid_sz=np.where(tape.bid_px > 0, 50, 0), ask_sz=np.where(tape.ask_px > 0, 50, 0))
+    sim = dataclasses.replace(SIM, max_position=3, taker_fee=0.25)
+    b = run_baselines(NAMES, feats, deep, sim, W, START, STOP, EvalConfig(n_envs=8), seed=5)
+    one, three = b["ofi_rule"], b["ofi_rule_max"]
+    assert one["trades"] == three["trades"] > 0 and one["win_rate"] == three["win_rate"]
+    assert three["turnover_contracts"] == 3 * one["turnover_contracts"] > 0
+    for key in ("net_pnl", "gross_pnl", "fees", "mid_edge"):
+        assert three[key] == pytest.approx(3 * one[key], rel=1e-9, abs=1e-9), key
+    assert three["mid_edge_tstat"] == pytest.approx(one["mid_edge_tstat"])
 
 
 def test_eval_config_and_short_window_are_refused(market):

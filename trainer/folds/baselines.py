@@ -6,10 +6,16 @@ Each is a `Policy`: (obs (B, W, F), env_state (B, S)) -> actions (B, 4) int64, s
   random    every branch drawn uniformly (seeded, on the device): what a policy that learned nothing does.
   ofi_rule  order-flow imbalance, the signal planted in the synthetic market: LONG when the newest normalised
             `ofi_sum` feature is above +threshold, SHORT below -threshold, else HOLD (keep the position); market
-            orders of the smallest size. The column is found by name in the FeatureSet's `names`.
+            orders of the smallest size (one contract at the default max_position 3). The column is found by name
+            in the FeatureSet's `names`.
+  ofi_rule_max  the same rule at the largest magnitude: the agent's own position limit (max_position contracts).
+            The agent may hold up to that many contracts, so this is the size-matched comparison: a net PnL above
+            `ofi_rule` alone can come from holding a larger position, not from reading the market better
+            (docs/RESULTS.md §7: on the demo market the agent held ~2.7 contracts per trip against the rule's one).
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass
 from typing import Sequence
@@ -21,7 +27,7 @@ from trainer.features.decision import DecisionTape
 from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, SimConfig
 from trainer.sim.actions import BRANCH_SIZES
 
-BASELINES = ("flat", "random", "ofi_rule")
+BASELINES = ("flat", "random", "ofi_rule", "ofi_rule_max")
 
 
 @dataclass(frozen=True)
@@ -30,12 +36,16 @@ class OfiRuleConfig:
     """Feature name (in FeatureSet.names) of the normalised OFI the rule reads."""
     threshold: float = 1.0
     """Enter when |OFI| exceeds this many train-window standard deviations (> 0)."""
+    magnitude: int = 0
+    """Magnitude choice (index into SimConfig.magnitudes) of every entry: the position size the rule trades."""
 
     def __post_init__(self) -> None:
         if not self.column:
             raise ValueError(f"OfiRuleConfig.column must be a feature name, got {self.column!r}")
         if not (math.isfinite(self.threshold) and self.threshold > 0):
             raise ValueError(f"OfiRuleConfig.threshold must be finite and > 0, got {self.threshold!r}")
+        if not (isinstance(self.magnitude, int) and 0 <= self.magnitude < BRANCH_SIZES[1]):
+            raise ValueError(f"OfiRuleConfig.magnitude must be in [0, {BRANCH_SIZES[1]}), got {self.magnitude!r}")
 
 
 def flat_policy() -> Policy:
@@ -76,7 +86,7 @@ def ofi_rule_policy(names: Sequence[str], cfg: OfiRuleConfig = OfiRuleConfig()) 
         ofi = obs[:, -1, col]  # (B,) newest row of the window: known at the decision
         direction = torch.where(ofi > cfg.threshold, LONG, torch.where(ofi < -cfg.threshold, SHORT, HOLD))
         a = torch.zeros(obs.shape[0], len(BRANCH_SIZES), dtype=torch.int64, device=obs.device)
-        a[:, 0], a[:, 2] = direction, MARKET
+        a[:, 0], a[:, 1], a[:, 2] = direction, cfg.magnitude, MARKET
         return a
 
     return policy
@@ -84,7 +94,9 @@ def ofi_rule_policy(names: Sequence[str], cfg: OfiRuleConfig = OfiRuleConfig()) 
 
 def baseline_policies(names: Sequence[str], seed: int, device: torch.device | str,
                       ofi: OfiRuleConfig = OfiRuleConfig()) -> dict[str, Policy]:
-    return {"flat": flat_policy(), "random": random_policy(seed, device), "ofi_rule": ofi_rule_policy(names, ofi)}
+    largest = dataclasses.replace(ofi, magnitude=BRANCH_SIZES[1] - 1)
+    return {"flat": flat_policy(), "random": random_policy(seed, device), "ofi_rule": ofi_rule_policy(names, ofi),
+            "ofi_rule_max": ofi_rule_policy(names, largest)}
 
 
 def run_baselines(names: Sequence[str], features: torch.Tensor, tape: DecisionTape, sim_cfg: SimConfig,
