@@ -228,12 +228,14 @@ def test_contextual_bandit_learns_to_rank_the_better_direction_first(encoder):
 
 
 @pytest.mark.gpu
-def test_update_and_act_replay_in_a_cuda_graph_like_eager():
-    cfg = tiny_cfg()
+@pytest.mark.parametrize("aux_weight", [0.0, 1.0])
+def test_update_and_act_replay_in_a_cuda_graph_like_eager(aux_weight):
+    cfg = tiny_cfg(aux_weight=aux_weight)
     torch.manual_seed(0)
     net = QNetwork(cfg)
     eager = Learner(copy.deepcopy(net), cfg, "cuda")
     graphed = Learner(copy.deepcopy(net), cfg, "cuda")
+    eager.aux_target = graphed.aux_target = torch.randn(4, device="cuda")  # the batches' rows are all 0
     batches = [Transitions(*(t.cuda() for t in random_batch(cfg, seed=s))) for s in range(8)]
     static = Transitions(*(t.clone() for t in batches[0]))
     side = torch.cuda.Stream()

@@ -67,6 +67,16 @@ class AgentConfig:
     thompson_anneal_updates: int = 0
     """Gradient steps of the linear κ anneal (0: κ stays `thompson_scale`)."""
 
+    # --- auxiliary prediction ----------------------------------------------------------------
+    aux_weight: float = 0.0
+    """Weight of an auxiliary regression beside the C51 loss: a linear head on the encoder output predicts the mid
+    change over the next `aux_horizon` decision rows of the training rows, standardised (trainer/agent/aux.py), and
+    its squared error, weighted like the C51 loss, trains the encoder too. 0 = off: no head, the network and its
+    checkpoint as without the option. docs/RESULTS.md §7 says why (a linear read of the features out-earns the agent)."""
+    aux_horizon: int = 4
+    """Decision rows ahead of the auxiliary target (>= 1); rows whose horizon runs past the training rows use the
+    last training row (the held-out selection slice and the eval window are never read)."""
+
     # --- optimiser ---------------------------------------------------------------------------
     lr: float = 2.5e-4
     """Base AdamW learning rate; the controller scales it (warm-up, Q drift) every update."""
@@ -172,6 +182,10 @@ class AgentConfig:
         for f in ("thompson_scale", "thompson_scale_final"):
             if not (math.isfinite(getattr(self, f)) and getattr(self, f) >= 0):
                 raise bad(f, "must be finite and >= 0")
+        if not (math.isfinite(self.aux_weight) and self.aux_weight >= 0):
+            raise bad("aux_weight", "must be finite and >= 0")
+        if not isinstance(self.aux_horizon, int) or isinstance(self.aux_horizon, bool) or self.aux_horizon < 1:
+            raise bad("aux_horizon", "must be an integer >= 1")
         if not isinstance(self.thompson_anneal_updates, int) or self.thompson_anneal_updates < 0:
             raise bad("thompson_anneal_updates", "must be an integer >= 0")
         if self.kill_warmup_samples < 3:

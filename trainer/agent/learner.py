@@ -53,6 +53,8 @@ class UpdateKernels(NamedTuple):
     target_logits: Callable[[Tensor, Tensor], Tensor]
     taken_logits: Callable[[Tensor, Tensor, Tensor], Tensor]
     cross_entropy: Callable[..., tuple[Tensor, Tensor]]
+    taken_logits_aux: Callable[[Tensor, Tensor, Tensor], tuple[Tensor, Tensor]]
+    aux_loss: Callable[[Tensor, Tensor, Tensor], Tensor]
     clip_gradient: Callable[[], tuple[Tensor, Tensor, Tensor, Tensor]]
     statistics: Callable[[Tensor, Tensor, Tensor, Tensor], Tensor]
 
@@ -90,8 +92,11 @@ class Learner:
                                            eps=cfg.adam_eps, weight_decay=cfg.weight_decay,
                                            capturable=on_accel, fused=on_accel or None)
         self.update_step = torch.zeros((), dtype=torch.int64, device=self.device)
+        # AgentConfig.aux_weight > 0: the auxiliary target per decision row (trainer/agent/aux.py), set by the caller
+        self.aux_target: Tensor | None = None
         self.kernels = UpdateKernels(self._greedy_actions, self._target_logits, self._taken_logits,
-                                     self._cross_entropy, self._clip_gradient, self._statistics)
+                                     self._cross_entropy, self._taken_logits_aux, self._aux_loss,
+                                     self._clip_gradient, self._statistics)
 
     # ----------------------------------------------------------------------------------------------
     @torch.no_grad()
@@ -129,8 +134,15 @@ class Learner:
             next_a = k.greedy_actions(batch.next_obs, batch.next_env_state)  # (B, nb) a* of the online net
         with self.side_target.fork():
             next_logits = k.target_logits(batch.next_obs, batch.next_env_state)  # (B, nb, A_max, N) target net
-        # 2. The online logits of the taken actions at x, with their autograd graph.
-        taken = k.taken_logits(batch.obs, batch.env_state, batch.action)  # (B, nb, N)
+        # 2. The online logits of the taken actions at x, with their autograd graph (and the auxiliary prediction
+        #    from the same encoding when AgentConfig.aux_weight > 0).
+        aux = self.online.aux_head is not None
+        if aux:
+            if self.aux_target is None:
+                raise ValueError("AgentConfig.aux_weight > 0 needs Learner.aux_target (trainer/agent/aux.py)")
+            taken, aux_pred = k.taken_logits_aux(batch.obs, batch.env_state, batch.action)  # (B, nb, N), (B,)
+        else:
+            taken = k.taken_logits(batch.obs, batch.env_state, batch.action)  # (B, nb, N)
         self.side.join()
         self.side_target.join()
         # 3. Cross-entropy against the target distribution of a*, projected through r + γⁿ z.
@@ -138,7 +150,8 @@ class Learner:
                                          batch.weight)  # (), (B,)
         # 4. The gradient lands in the flat buffer in one copy (a .backward() would add into each parameter's view:
         #    a zero_ and one kernel per tensor). Parameters the loss does not reach get zeros.
-        grads = torch.autograd.grad(loss, self.params, materialize_grads=True)
+        objective = loss + k.aux_loss(aux_pred, self.aux_target[batch.row], batch.weight) if aux else loss
+        grads = torch.autograd.grad(objective, self.params, materialize_grads=True)
         torch.cat([g.reshape(-1) for g in grads], out=self.flat_grad)
         return Loss(loss.detach(), per_item.detach(), taken.detach(), batch.return_n.detach())
 
@@ -172,6 +185,17 @@ class Learner:
         logits = self.online(obs, env_state)  # (B, nb, A_max, N)
         idx = actions[..., None, None].expand(obs.shape[0], self.cfg.n_branches, 1, self.cfg.n_atoms)
         return logits.gather(2, idx).squeeze(2)
+
+    def _taken_logits_aux(self, obs: Tensor, env_state: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
+        """`_taken_logits` and the auxiliary head's prediction (B,) from the same encoding, both with their graph."""
+        z = self.online.encoder(obs)  # (B, d_model)
+        logits = self.online.head(z, env_state)  # (B, nb, A_max, N)
+        idx = actions[..., None, None].expand(obs.shape[0], self.cfg.n_branches, 1, self.cfg.n_atoms)
+        return logits.gather(2, idx).squeeze(2), self.online.aux_head(z).squeeze(-1)
+
+    def _aux_loss(self, pred: Tensor, target: Tensor, weights: Tensor) -> Tensor:
+        """aux_weight × the importance-weighted mean squared error of the auxiliary prediction (0-dim)."""
+        return self.cfg.aux_weight * (weights * (pred - target).square()).mean()
 
     def _target_distribution(self, next_logits: Tensor, next_a: Tensor, returns: Tensor,
                              discounts: Tensor) -> Tensor:

@@ -232,6 +232,8 @@ class QNetwork(nn.Module):
         self.advantages = nn.ModuleList(
             nn.Sequential(nn.Linear(hidden, hidden), nn.SiLU(), nn.Linear(hidden, a * n_atoms))
             for a in cfg.branch_sizes)
+        # The auxiliary head (AgentConfig.aux_weight > 0): standardised mid change ahead, from the encoder output.
+        self.aux_head = nn.Linear(cfg.d_model, 1) if cfg.aux_weight > 0 else None
         support = make_support(cfg.v_min, cfg.v_max, n_atoms)
         self.register_buffer("support", support)  # (N,)
         self.register_buffer("action_mask", branch_action_mask(cfg.branch_sizes))  # (n_branches, A_max)

@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from trainer.agent.aux import mid_change_target
 from trainer.agent.config import AgentConfig
 from trainer.agent.learner import Learner
 from trainer.agent.network import QNetwork
@@ -107,6 +108,10 @@ class FoldTrainer:
         # Side streams pay off in a captured graph only: an eager step is host-bound, and they cost it host time.
         overlap = lc.overlap and self.mode == "graph" and not lc.deterministic
         self.learner = Learner(QNetwork(self.agent_cfg), self.agent_cfg, dev, overlap=overlap)
+        if self.agent_cfg.aux_weight > 0:  # the training rows' own future mid change (trainer/agent/aux.py)
+            target = mid_change_target(tape.bid_px[:, 0], tape.ask_px[:, 0], train.start, train_stop,
+                                       self.agent_cfg.aux_horizon)
+            self.learner.aux_target = torch.as_tensor(target, device=dev)  # (T,)
         n_envs = cfg.sim.n_envs
         self.nstep = NStepAccumulator(n_envs, self.agent_cfg.n_step, self.agent_cfg.gamma, ENV_FEATURES,
                                       self.agent_cfg.n_branches, dev)
