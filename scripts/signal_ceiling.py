@@ -21,7 +21,6 @@ market on 2 cores). A diagnostic (docs/RESULTS.md §7), not a test.
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import sys
 import tempfile
 from pathlib import Path
@@ -97,7 +96,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--preset", default="h100")
     ap.add_argument("--folds", type=int, default=3)
     ap.add_argument("--thresholds", default="0.5,1,1.5")
-    ap.add_argument("--magnitude", type=int, default=len(BRANCH_SIZES) - 2,
+    ap.add_argument("--magnitude", type=int, default=BRANCH_SIZES[1] - 1,
                     help="magnitude choice of the rules (default 2: the position limit, as ofi_rule_max)")
     ap.add_argument("--lags", type=int, default=8, help="rows of every feature the linear probe reads")
     ap.add_argument("--fxcache", default=None, help="feature cache directory (default: a temporary one)")
@@ -115,7 +114,7 @@ def main(argv: list[str] | None = None) -> int:
     windows = walk_forward_windows(fs.raw.shape[0], cfg.folds.folds, embargo_rows=cfg.folds.embargo_rows)
     window = cfg.agent.window
     names = list(fs.names)
-    col = len(names)  # pressure and probe ride as extra columns, so they are observed with the feed latency
+    col = len(names)  # pressure, probe and forecast ride as extra columns, observed with the feed latency
     print(f"data {cfg.data}  preset {args.preset}  rows {fs.raw.shape[0]}  window {window}  "
           f"eval envs {cfg.eval.n_envs}  corr(pressure, ofi_sum) "
           f"{np.corrcoef(pressure, fs.raw[:, names.index('ofi_sum')])[0, 1]:.3f}")
@@ -135,14 +134,14 @@ def main(argv: list[str] | None = None) -> int:
               f"corr(ofi_sum, pressure) {np.corrcoef(feats[ev, names.index('ofi_sum')], pressure[ev])[0, 1]:.3f}")
         extra = np.stack([pressure, probe, forecast], axis=1).astype(np.float32)
         feats = torch.from_numpy(np.concatenate([feats, extra], axis=1))
-        rules = {"ofi_rule": ofi_rule_policy(names), "ofi_rule_max": ofi_rule_policy(names, OfiRuleConfig(magnitude=2))}
+        rules = {"ofi_rule": ofi_rule_policy(names),
+                 "ofi_rule_max": ofi_rule_policy(names, OfiRuleConfig(magnitude=BRANCH_SIZES[1] - 1))}
         for th in (float(t) for t in args.thresholds.split(",")):
             for src, c in (("pressure", col), ("probe", col + 1), ("forecast", col + 2)):
                 rules[f"{src}>{th:g} hold"] = threshold_rule(c, th, HOLD, args.magnitude)
                 rules[f"{src}>{th:g} flat"] = threshold_rule(c, th, FLAT, args.magnitude)
         for name, policy in rules.items():
-            m = evaluate(policy, feats, fs.decision, dataclasses.replace(cfg.sim), window, eval_w.start,
-                         eval_w.stop, cfg=cfg.eval).metrics
+            m = evaluate(policy, feats, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop, cfg=cfg.eval).metrics
             print(f"{name:<22}{n:>5}{m['win_rate']:>8.3f}{m['net_pnl']:>10.0f}{m['trades']:>8d}"
                   f"{m['time_in_market']:>8.2f}{(m['mid_hit_rate'] or 0):>9.3f}{m['continuous_win_rate']:>9.3f}",
                   flush=True)
