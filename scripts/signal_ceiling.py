@@ -41,7 +41,7 @@ from trainer.folds.baselines import OfiRuleConfig, ofi_rule_policy  # noqa: E402
 from trainer.folds.evaluate import evaluate  # noqa: E402
 from trainer.folds.windows import fold_windows, walk_forward_windows  # noqa: E402
 from trainer.loop.config import preset  # noqa: E402
-from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT  # noqa: E402
+from trainer.sim import FLAT, HOLD  # noqa: E402
 from trainer.sim.actions import BRANCH_SIZES  # noqa: E402
 
 
@@ -60,18 +60,6 @@ def latent_pressure(spec: str, ts_ns: np.ndarray) -> np.ndarray:
     if np.any(idx < 0):
         raise ValueError("a decision precedes the first book record")
     return p[idx]
-
-
-def threshold_rule(col: int, threshold: float, inside: int, magnitude: int):
-    """LONG when column `col` of the newest observed row > threshold, SHORT when < -threshold, else `inside` (HOLD or
-    FLAT); market orders of magnitude choice `magnitude`."""
-    def policy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
-        p = obs[:, -1, col]  # (B,) the newest observed row
-        direction = torch.where(p > threshold, LONG, torch.where(p < -threshold, SHORT, inside))
-        a = torch.zeros(obs.shape[0], len(BRANCH_SIZES), dtype=torch.int64, device=obs.device)
-        a[:, 0], a[:, 1], a[:, 2] = direction, magnitude, MARKET
-        return a
-    return policy
 
 
 def lagged(x: np.ndarray, lags: int) -> np.ndarray:
@@ -114,7 +102,6 @@ def main(argv: list[str] | None = None) -> int:
     windows = walk_forward_windows(fs.raw.shape[0], cfg.folds.folds, embargo_rows=cfg.folds.embargo_rows)
     window = cfg.agent.window
     names = list(fs.names)
-    col = len(names)  # pressure, probe and forecast ride as extra columns, observed with the feed latency
     print(f"data {cfg.data}  preset {args.preset}  rows {fs.raw.shape[0]}  window {window}  "
           f"eval envs {cfg.eval.n_envs}  corr(pressure, ofi_sum) "
           f"{np.corrcoef(pressure, fs.raw[:, names.index('ofi_sum')])[0, 1]:.3f}")
@@ -134,12 +121,15 @@ def main(argv: list[str] | None = None) -> int:
               f"corr(ofi_sum, pressure) {np.corrcoef(feats[ev, names.index('ofi_sum')], pressure[ev])[0, 1]:.3f}")
         extra = np.stack([pressure, probe, forecast], axis=1).astype(np.float32)
         feats = torch.from_numpy(np.concatenate([feats, extra], axis=1))
+        # pressure, probe and forecast ride as extra columns, read by the OFI rule's own policy (feed latency and all)
+        columns = [*names, "pressure", "probe", "forecast"]
         rules = {"ofi_rule": ofi_rule_policy(names),
                  "ofi_rule_max": ofi_rule_policy(names, OfiRuleConfig(magnitude=BRANCH_SIZES[1] - 1))}
         for th in (float(t) for t in args.thresholds.split(",")):
-            for src, c in (("pressure", col), ("probe", col + 1), ("forecast", col + 2)):
-                rules[f"{src}>{th:g} hold"] = threshold_rule(c, th, HOLD, args.magnitude)
-                rules[f"{src}>{th:g} flat"] = threshold_rule(c, th, FLAT, args.magnitude)
+            for src in ("pressure", "probe", "forecast"):
+                for inside, word in ((HOLD, "hold"), (FLAT, "flat")):
+                    rule = OfiRuleConfig(column=src, threshold=th, magnitude=args.magnitude, inside=inside)
+                    rules[f"{src}>{th:g} {word}"] = ofi_rule_policy(columns, rule)
         for name, policy in rules.items():
             m = evaluate(policy, feats, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop, cfg=cfg.eval).metrics
             print(f"{name:<22}{n:>5}{m['win_rate']:>8.3f}{m['net_pnl']:>10.0f}{m['trades']:>8d}"

@@ -137,6 +137,10 @@ def test_ofi_rule_reads_the_ofi_column_by_name():
     assert torch.equal(big[:, 0], a[:, 0]) and (big[:, 1] == 2).all()  # same decisions, the largest position
     with pytest.raises(ValueError, match="magnitude"):
         OfiRuleConfig(magnitude=3)
+    closing = ofi_rule_policy(NAMES, OfiRuleConfig(inside=FLAT))(obs, torch.zeros(4, 7))
+    assert closing[:, 0].tolist() == [LONG, SHORT, FLAT, FLAT]  # inside the band it closes instead of holding
+    with pytest.raises(ValueError, match="inside"):
+        OfiRuleConfig(inside=LONG)
     with pytest.raises(ValueError, match="ofi_sum.*ofi_l0"):
         ofi_column(("ofi_l0", "spread_ticks"))
     with pytest.raises(ValueError, match="threshold"):

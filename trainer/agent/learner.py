@@ -182,16 +182,17 @@ class Learner:
 
     def _taken_logits(self, obs: Tensor, env_state: Tensor, actions: Tensor) -> Tensor:
         """Online logits of the taken action per branch, (B, nb, N), with their graph for the backward."""
-        logits = self.online(obs, env_state)  # (B, nb, A_max, N)
-        idx = actions[..., None, None].expand(obs.shape[0], self.cfg.n_branches, 1, self.cfg.n_atoms)
-        return logits.gather(2, idx).squeeze(2)
+        return self._gather_taken(self.online(obs, env_state), actions)
 
     def _taken_logits_aux(self, obs: Tensor, env_state: Tensor, actions: Tensor) -> tuple[Tensor, Tensor]:
         """`_taken_logits` and the auxiliary head's prediction (B,) from the same encoding, both with their graph."""
         z = self.online.encoder(obs)  # (B, d_model)
-        logits = self.online.head(z, env_state)  # (B, nb, A_max, N)
-        idx = actions[..., None, None].expand(obs.shape[0], self.cfg.n_branches, 1, self.cfg.n_atoms)
-        return logits.gather(2, idx).squeeze(2), self.online.aux_head(z).squeeze(-1)
+        return self._gather_taken(self.online.head(z, env_state), actions), self.online.aux_head(z).squeeze(-1)
+
+    def _gather_taken(self, logits: Tensor, actions: Tensor) -> Tensor:
+        """Logits (B, nb, A_max, N) at the taken actions (B, nb) -> (B, nb, N)."""
+        idx = actions[..., None, None].expand(logits.shape[0], self.cfg.n_branches, 1, self.cfg.n_atoms)
+        return logits.gather(2, idx).squeeze(2)
 
     def _aux_loss(self, pred: Tensor, target: Tensor, weights: Tensor) -> Tensor:
         """aux_weight × the importance-weighted mean squared error of the auxiliary prediction (0-dim)."""

@@ -38,6 +38,8 @@ class OfiRuleConfig:
     """Enter when |OFI| exceeds this many train-window standard deviations (> 0)."""
     magnitude: int = 0
     """Magnitude choice (index into SimConfig.magnitudes) of every entry: the position size the rule trades."""
+    inside: int = HOLD
+    """What the rule sends while |OFI| <= threshold: HOLD keeps the position (the baselines), FLAT closes it."""
 
     def __post_init__(self) -> None:
         if not self.column:
@@ -46,6 +48,8 @@ class OfiRuleConfig:
             raise ValueError(f"OfiRuleConfig.threshold must be finite and > 0, got {self.threshold!r}")
         if not (isinstance(self.magnitude, int) and 0 <= self.magnitude < BRANCH_SIZES[1]):
             raise ValueError(f"OfiRuleConfig.magnitude must be in [0, {BRANCH_SIZES[1]}), got {self.magnitude!r}")
+        if self.inside not in (HOLD, FLAT):
+            raise ValueError(f"OfiRuleConfig.inside must be HOLD ({HOLD}) or FLAT ({FLAT}), got {self.inside!r}")
 
 
 def flat_policy() -> Policy:
@@ -84,7 +88,7 @@ def ofi_rule_policy(names: Sequence[str], cfg: OfiRuleConfig = OfiRuleConfig()) 
 
     def policy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
         ofi = obs[:, -1, col]  # (B,) newest row of the window: known at the decision
-        direction = torch.where(ofi > cfg.threshold, LONG, torch.where(ofi < -cfg.threshold, SHORT, HOLD))
+        direction = torch.where(ofi > cfg.threshold, LONG, torch.where(ofi < -cfg.threshold, SHORT, cfg.inside))
         a = torch.zeros(obs.shape[0], len(BRANCH_SIZES), dtype=torch.int64, device=obs.device)
         a[:, 0], a[:, 1], a[:, 2] = direction, cfg.magnitude, MARKET
         return a
