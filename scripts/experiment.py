@@ -7,7 +7,8 @@ parallel, then one table per variant against the OFI rule (docs/RESULTS.md keeps
 Each variant is NAME=FLAGS (extra trainer flags, shell-quoted). Results land in DIR/NAME/seed<S>/fold<N>/result.json;
 the table (stdout and DIR/table.md) gives per variant: net PnL per fold (mean over seeds), the OFI rule's net on the
 same windows at one contract and at the agent's position limit (`ofi_rule_max`, the size-matched comparison), win rate,
-trades, time in market, folds stood aside, and how many (seed, fold) runs beat each rule.
+trades, time in market, folds stood aside, and how many (seed, fold) runs beat each rule; for runs with the forecast
+input (--agent.forecast-lags), the `forecast_rule_max` baseline too.
 """
 from __future__ import annotations
 
@@ -42,14 +43,15 @@ def run_one(out: Path, name: str, flags: str, seed: int, fold: int, args) -> tup
 def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> str:
     lines = ["| variant | agent net per fold (mean over seeds) | OFI net per fold | OFI max net per fold | agent total | "
              "OFI total | OFI max total | beats OFI (runs) | beats OFI max (runs) | win rate | trades | time in market | "
-             "stood aside | val best net | win & hold gates (runs) |",
-             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+             "stood aside | val best net | win & hold gates (runs) | forecast rule net per fold, beats it (runs) |",
+             "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     gates = GateConfig()
     for name in variants:
         per_fold, ofi_fold, max_fold, wins, trades, tim, aside, beats, runs, val = [], [], [], [], [], [], 0, 0, 0, []
-        gated = beats_max = 0
+        gated = beats_max = beats_fc = 0
+        fc_fold: list[float] = []
         for fold in range(folds):
-            nets, ofis, maxes = [], [], []
+            nets, ofis, maxes, fcs = [], [], [], []
             for seed in seeds:
                 p = out / name / f"seed{seed}" / f"fold{fold}" / "result.json"
                 if not p.exists():
@@ -58,6 +60,9 @@ def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> 
                 ofi = r["baselines"]["ofi_rule"]["net_pnl"]
                 big = r["baselines"].get("ofi_rule_max", {}).get("net_pnl", float("nan"))  # absent before 2026-12-05
                 nets.append(r["net_pnl"]), ofis.append(ofi), maxes.append(big)
+                if "forecast_rule_max" in r["baselines"]:  # runs with --agent.forecast-lags > 0
+                    fcs.append(r["baselines"]["forecast_rule_max"]["net_pnl"])
+                    beats_fc += r["net_pnl"] > fcs[-1]
                 runs += 1
                 beats += r["net_pnl"] > ofi
                 beats_max += r["net_pnl"] > big
@@ -72,12 +77,15 @@ def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> 
             per_fold.append(statistics.fmean(nets) if nets else float("nan"))
             ofi_fold.append(statistics.fmean(ofis) if ofis else float("nan"))
             max_fold.append(statistics.fmean(maxes) if maxes else float("nan"))
+            if fcs:
+                fc_fold.append(statistics.fmean(fcs))
         mean = lambda xs: statistics.fmean(xs) if xs else float("nan")  # noqa: E731
         lines.append(f"| {name} | {' / '.join(f'{x:+,.0f}' for x in per_fold)} | "
                      f"{' / '.join(f'{x:+,.0f}' for x in ofi_fold)} | {' / '.join(f'{x:+,.0f}' for x in max_fold)} | "
                      f"{sum(per_fold):+,.0f} | {sum(ofi_fold):+,.0f} | {sum(max_fold):+,.0f} | "
                      f"{beats}/{runs} | {beats_max}/{runs} | {mean(wins):.3f} | {mean(trades):.0f} | {mean(tim):.2f} | {aside} | "
-                     f"{mean(val):+,.0f} | {gated}/{runs} |")
+                     f"{mean(val):+,.0f} | {gated}/{runs} | "
+                     f"{' / '.join(f'{x:+,.0f}' for x in fc_fold) + f', {beats_fc}/{runs}' if fc_fold else '—'} |")
     return "\n".join(lines)
 
 

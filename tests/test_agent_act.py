@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from trainer.agent.act import select_actions, thompson_returns
+from trainer.agent.act import mirror_directions, mirrored_greedy, select_actions, thompson_returns
 from trainer.agent.c51 import make_support
 from trainer.agent.network import branch_action_mask
 
@@ -124,3 +124,50 @@ def test_thompson_scale_one_draws_exactly_the_plain_thompson_actions():
     torch.manual_seed(5)
     b = select_actions(logits, support, mask, explore=True, noise_scale=1.0)
     assert torch.equal(a, b)
+
+
+def _logits_for(q: torch.Tensor, support: torch.Tensor) -> torch.Tensor:
+    """C51 logits (B, nb, A, N) whose E[Q] is `q` (B, nb, A), for q inside the support: all mass on the two atoms
+    around each value, split to hit it exactly."""
+    dz = float(support[1] - support[0])
+    pos = (q - support[0]) / dz
+    lo = pos.floor().long().clamp(max=support.numel() - 2)
+    frac = pos - lo
+    p = torch.zeros(*q.shape, support.numel())
+    p.scatter_(-1, lo.unsqueeze(-1), (1 - frac).unsqueeze(-1))
+    p.scatter_add_(-1, (lo + 1).unsqueeze(-1), frac.unsqueeze(-1))
+    return torch.log(p.clamp(min=1e-30))
+
+
+def test_mirrored_greedy_averages_each_action_with_its_mirror_in_the_reflected_market():
+    from trainer.sim import FLAT, HOLD, LONG, SHORT
+
+    support = make_support(-10.0, 10.0, 51)
+    mask = branch_action_mask((4, 3))
+    q = torch.zeros(1, 2, 4)
+    q[0, 0, [SHORT, HOLD, LONG, FLAT]] = torch.tensor([1.0, 0.0, 3.0, 0.5])
+    q[0, 1, :3] = torch.tensor([0.0, 2.0, 1.0])
+    qr = torch.zeros(1, 2, 4)  # the reflected market: SHORT there is LONG here
+    qr[0, 0, [SHORT, HOLD, LONG, FLAT]] = torch.tensor([5.0, 0.0, 0.0, 0.5])
+    qr[0, 1, :3] = torch.tensor([4.0, 0.0, 0.0])
+    swapped = mirror_directions(qr)
+    assert swapped[0, 0, LONG] == 5.0 and swapped[0, 0, SHORT] == 0.0 and torch.equal(swapped[0, 1], qr[0, 1])
+    # direction: LONG (3 + 5) / 2 = 4 beats SHORT (1 + 0) / 2; magnitude: (0 + 4) / 2 = 2 beats (2 + 0) / 2 = 1
+    a = mirrored_greedy(_logits_for(q, support), _logits_for(qr, support), support, mask)
+    assert a.tolist() == [[LONG, 0]]
+    # the plain greedy policy on the observed market alone would pick LONG and magnitude 1
+    assert select_actions(_logits_for(q, support), support, mask, explore=False).tolist() == [[LONG, 1]]
+
+
+def test_mirrored_greedy_is_equivariant_the_reflected_market_gets_the_mirrored_direction():
+    from trainer.sim import LONG, SHORT
+
+    support = make_support(-10.0, 10.0, 51)
+    mask = branch_action_mask((4, 3, 3))
+    gen = torch.Generator().manual_seed(3)
+    a_logits, b_logits = (torch.randn(64, 3, 4, 51, generator=gen) for _ in range(2))
+    here = mirrored_greedy(a_logits, b_logits, support, mask)
+    there = mirrored_greedy(b_logits, a_logits, support, mask)  # the same two views, taken from the other side
+    swap = torch.tensor([LONG if x == SHORT else SHORT if x == LONG else x for x in range(4)])
+    assert torch.equal(there[:, 0], swap[here[:, 0]]) and torch.equal(there[:, 1:], here[:, 1:])
+    assert {int(x) for x in here[:, 0]} >= {SHORT, LONG}

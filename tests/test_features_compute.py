@@ -11,7 +11,7 @@ from trainer.data.tape import BookSeries, Instrument, MarketTape, TradeSeries
 from trainer.errors import InputError
 from trainer.features.clock import decision_rows
 from trainer.features.compute import (
-    FeatureSet, Normaliser, build_feature_set, compute_features, feature_names)
+    FeatureSet, Normaliser, build_feature_set, compute_features, feature_names, reflection_signs)
 from trainer.features.config import FeatureConfig
 
 LOBSTER = "lobster/LOBSTER_SampleFile_AMZN_2012-06-21_5.zip"
@@ -328,3 +328,36 @@ def test_feature_set_on_real_lobster_amzn_day(shared_data):
     assert 13.49 < hours.min() < 13.6 and 19.9 < hours.max() < 20.01
     # OFI is a real signal here: it correlates positively with the same-interval mid move (Cont et al.).
     assert np.corrcoef(col["ofi_l0"], col["mid_return_1_ticks"])[0, 1] > 0.2
+
+
+# ---------------------------------------------------------------- reflection (AgentConfig.mirror)
+
+
+def reflect(tape: MarketTape, c: int = 40_000) -> MarketTape:
+    """The same market upside down: every price p -> c - p, bids and asks swapped, buyers and sellers swapped."""
+    b = tape.book
+
+    def mirrored(px, sz):  # an absent level (size 0) keeps price 0
+        return np.where(sz > 0, c - px, 0)
+
+    book = BookSeries(ts_ns=b.ts_ns, bid_px=mirrored(b.ask_px, b.ask_sz), bid_sz=b.ask_sz.copy(),
+                      ask_px=mirrored(b.bid_px, b.bid_sz), ask_sz=b.bid_sz.copy())
+    t = tape.trades
+    trades = TradeSeries(ts_ns=t.ts_ns, px=c - t.px, size=t.size, side=(-t.side).astype(np.int8))
+    return dataclasses.replace(tape, book=book, trades=trades)
+
+
+@pytest.mark.parametrize("seed", range(2))
+def test_reflection_signs_say_which_features_change_sign_when_the_market_is_turned_upside_down(seed):
+    tape = random_tape(n_rows=300, n_trades=200, seed=seed, one_sided_prob=0.0)
+    rows = decision_rows(tape.book, SMALL)
+    raw, names = compute_features(tape, rows, SMALL)
+    upside_down, again = compute_features(reflect(tape), rows, SMALL)
+    assert again == names
+    signs = reflection_signs(names)
+    assert sorted(set(signs)) == [-1.0, 1.0]
+    for f, name in enumerate(names):
+        np.testing.assert_allclose(upside_down[:, f], signs[f] * raw[:, f], rtol=1e-5, atol=1e-5, err_msg=name)
+    assert signs[names.index("ofi_sum")] == -1 and signs[names.index("spread_ticks")] == 1
+    with pytest.raises(ValueError, match="'new_feature' has no known behaviour under reflection"):
+        reflection_signs([*names, "new_feature"])

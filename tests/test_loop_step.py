@@ -256,3 +256,43 @@ def test_feed_latency_gives_the_agent_the_undelayed_observation_k_rows_late():
     assert torch.equal(seen["late"][0], gather_windows(late.features, before - k, 8))
     row, next_row = pushed[0]
     assert torch.equal(row, before - k) and torch.equal(next_row, late.state.cursor - k)
+
+
+def test_the_mirrored_fold_deploys_and_validates_a_policy_with_no_direction_of_its_own():
+    """AgentConfig.mirror: the fold's policy reads [inputs, reflected inputs]. Handing a second trainer (same seed,
+    same weights) the two swapped, with the env state reflected, must give the mirrored direction and the same
+    other branches: the decision in the reflected market is the mirror of the decision in the observed one."""
+    from trainer.loop.step import gather_windows
+    from trainer.sim import ENV_FEATURES, ENV_REFLECTION, LONG, SHORT
+
+    rows = 600
+    cfg = preset("smoke").replace(
+        sim={"n_envs": 8}, agent={"batch_size": 16, "window": 8, "d_model": 16, "mirror": True},
+        loop={"device": "cpu", "learning_starts": 4, "n_steps": 12, "log_every": 12, "select_frac": 0.2,
+              "select_every": 6})
+    tape = random_decision_tape(rows, levels=10, radius=16, seed=1)
+    rng = np.random.default_rng(1)
+    f, r = (rng.standard_normal((rows, 23)).astype(np.float32) for _ in range(2))
+    with pytest.raises(ValueError, match="mirror"):
+        FoldTrainer(cfg, f, tape, Window(0, rows), fold=0)  # mirror on, no reflected inputs
+    with pytest.raises(ValueError, match="mirror"):
+        FoldTrainer(cfg.replace(agent={"mirror": False}), f, tape, Window(0, rows), fold=0, reflected=r)
+    a = FoldTrainer(cfg, f, tape, Window(0, rows), fold=0, reflected=r)
+    b = FoldTrainer(cfg, r, tape, Window(0, rows), fold=0, reflected=f)
+    assert a.policy_features.shape == (rows, 46) and a.weights_hash == b.weights_hash
+    a.run()  # trains and validates through the mirrored policy (2F-column windows) on the held-out slice
+    assert a.selector.summary()["select_validations"] == 2
+    with torch.no_grad():  # varied weights, so the decisions differ from row to row
+        for p in a.learner.params:
+            p.add_(torch.randn_like(p) * 0.3)
+    b.learner.online.load_state_dict(a.learner.online.state_dict())
+    a.selector.best_params.copy_(b.selector.best_params.copy_(torch.cat(
+        [p.detach().reshape(-1) for p in a.learner.params])))  # deploy the last weights in both
+    a.selector.record[0] = b.selector.record[0] = 1e9  # as if validated with a profit: no standing aside
+    obs_rows = torch.arange(100, 164)
+    env = torch.rand(64, ENV_FEATURES) * 2 - 1
+    here = a.deployed_policy()(gather_windows(a.policy_features, obs_rows, 8), env)
+    there = b.deployed_policy()(gather_windows(b.policy_features, obs_rows, 8), env * torch.tensor(ENV_REFLECTION))
+    swap = torch.tensor([LONG if x == SHORT else SHORT if x == LONG else x for x in range(4)])
+    assert torch.equal(there[:, 0], swap[here[:, 0]]) and torch.equal(there[:, 1:], here[:, 1:])
+    assert {int(x) for x in here[:, 0]} >= {LONG, SHORT}  # both directions decided: the check has teeth

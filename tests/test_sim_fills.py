@@ -2,6 +2,7 @@
 accounting, env features and the config / tape contracts. Every expected number is worked out in a comment."""
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import numpy as np
@@ -10,10 +11,11 @@ import torch
 
 from trainer.errors import InputError
 from trainer.features.decision import NO_BUY_PX, NO_SELL_PX, DecisionTape
-from trainer.sim import (ENV_FEATURES, FLAT, HOLD, LIMIT_PASSIVE, LIMIT_TOUCH, LONG, MARKET, SHORT, SimConfig,
-                         Simulator)
+from trainer.sim import (ENV_FEATURES, ENV_REFLECTION, FLAT, HOLD, LIMIT_PASSIVE, LIMIT_TOUCH, LONG, MARKET, SHORT,
+                         SimConfig, Simulator)
 from trainer.sim.reference import offset_hash_py
 from trainer.sim.state import offset_hash
+from trainer.sim.synthetic import random_decision_tape
 
 LEVELS, RADIUS, TICK_VALUE = 3, 2, 12.5
 
@@ -474,3 +476,40 @@ def test_sim_cuda_matches_cpu_and_steps_under_a_cuda_graph_without_host_syncs(or
         graph.replay()
     torch.cuda.synchronize()
     assert sg.action_counts.sum().item() == before + 5 * 256 and torch.isfinite(out.reward).all()
+
+
+def reflect_tape(tape: DecisionTape, c: int = 50_000) -> DecisionTape:
+    """The market upside down (every price p -> c - p, bids and asks swapped); the tape must carry no trades."""
+    assert not tape.sell_vol.any() and not tape.buy_vol.any()
+    bid_px = np.where(tape.ask_sz > 0, c - tape.ask_px, 0)
+    ask_px = np.where(tape.bid_sz > 0, c - tape.bid_px, 0)
+    return dataclasses.replace(tape, bid_px=bid_px, bid_sz=tape.ask_sz.copy(), ask_px=ask_px,
+                               ask_sz=tape.bid_sz.copy(), anchor_px=bid_px[:, 0].copy())
+
+
+def test_env_features_of_the_reflected_market_under_mirrored_orders_are_the_reflection_signs_times_the_originals():
+    """ENV_REFLECTION (what AgentConfig.mirror reflects the env state with): the same market upside down, every LONG
+    sent as SHORT and back, gives the same rewards and PnL, and env features equal to the signs times the originals."""
+    n = 240
+    tape = random_decision_tape(n, seed=4)
+    tape = dataclasses.replace(tape, sell_vol=np.zeros_like(tape.sell_vol), buy_vol=np.zeros_like(tape.buy_vol),
+                               sell_min_px=np.full(n, NO_SELL_PX), buy_max_px=np.full(n, NO_BUY_PX))
+    sims = [Simulator(t, cfg(n_envs=4, inventory_penalty=0.2), "cpu") for t in (tape, reflect_tape(tape))]
+    states = [s.reset(10, n, start_rows=torch.tensor([10, 40, 70, 100])) for s in sims]
+    signs = torch.tensor(ENV_REFLECTION)
+    gen = torch.Generator().manual_seed(0)
+    positions = set()
+    for _ in range(100):
+        a = torch.stack([torch.randint(0, 4, (4,), generator=gen), torch.randint(0, 3, (4,), generator=gen),
+                         torch.full((4,), MARKET), torch.zeros(4, dtype=torch.int64)], dim=1)
+        mirrored = a.clone()
+        mirrored[:, 0] = torch.where(a[:, 0] == LONG, SHORT, torch.where(a[:, 0] == SHORT, LONG, a[:, 0]))
+        up, down = sims[0].step(states[0], a), sims[1].step(states[1], mirrored)
+        torch.testing.assert_close(down.reward, up.reward)
+        torch.testing.assert_close(sims[1].env_features(states[1]), sims[0].env_features(states[0]) * signs)
+        positions.update(int(p) for p in states[0].position)
+    assert {-3, 3} <= positions  # both sides, at full size, were visited
+    up_stats, down_stats = (s.stats(st) for s, st in zip(sims, states))
+    assert float(up_stats["round_trips"]) > 10
+    for key in ("net_pnl", "round_trips", "win_rate"):
+        torch.testing.assert_close(down_stats[key], up_stats[key])

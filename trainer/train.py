@@ -20,12 +20,11 @@ from trainer.cli import Invocation, parse
 from trainer.errors import EXIT_BAD_INPUT, EXIT_CUDA_OOM, EXIT_OK, EXIT_SIGTERM, KillCriterion, exit_code_for
 from trainer.data.fees import venue_fees
 from trainer.features.cache import load_or_build
-from trainer.features.compute import Normaliser
 from trainer.folds.chain import wait_for_previous, warm_start
 from trainer.folds.result import evaluate_fold, write_result, write_run_json
 from trainer.folds.windows import fold_windows, walk_forward_windows
 from trainer.loop.config import fingerprint_config
-from trainer.loop.fold import FoldTrainer, Stopped, Window
+from trainer.loop.fold import FoldTrainer, Stopped, Window, fold_inputs
 from trainer.loop.log import JsonLog
 
 
@@ -59,13 +58,13 @@ def run(inv: Invocation) -> int:
         log.event("compile_cache", path=os.environ["TORCHINDUCTOR_CACHE_DIR"], mode=cfg.loop.compile)
     windows = walk_forward_windows(fs.raw.shape[0], cfg.folds.folds, embargo_rows=cfg.folds.embargo_rows)
     train_w, eval_w = fold_windows(windows, n)
-    features = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw)  # train window only: no look-ahead
+    features, names, reflected = fold_inputs(cfg, fs.raw, fs.names, fs.decision, Window(train_w.start, train_w.stop))
 
     with open(fold_dir / "metrics.jsonl", "a") as metrics_file:
         log = JsonLog(n, copy_to=metrics_file)
-        trainer = FoldTrainer(cfg, features, fs.decision, Window(train_w.start, train_w.stop), n, log)
+        trainer = FoldTrainer(cfg, features, fs.decision, Window(train_w.start, train_w.stop), n, log, reflected)
         fp = fingerprint(fingerprint_config(cfg.to_dict()), fs.key, tensor_layout(trainer.state_dict()))
-        write_run_json(opts.run_dir, cfg, fs, trainer, fees)
+        write_run_json(opts.run_dir, cfg, fs, trainer, fees, names)
         mirror = open_mirror(opts.s3_bucket, opts.s3_fold_prefix(n), fold_dir, log.event)
         resumed = restore(trainer, fold_dir, fp, opts.resume_from, log)
         if resumed is None and chained:
@@ -86,7 +85,8 @@ def run(inv: Invocation) -> int:
         if mirror is not None:
             mirror.close(timeout=60)
 
-        record = write_result(fold_dir, *evaluate_fold(trainer, fs, cfg, train_w, eval_w, ckpt.seconds))
+        record = write_result(fold_dir, *evaluate_fold(trainer, fs, cfg, train_w, eval_w, ckpt.seconds,
+                                                         names))
         log.event("result", **{k: v for k, v in record.items() if not isinstance(v, (list, dict))})
     return EXIT_OK
 

@@ -26,6 +26,7 @@ import torch
 from torch import Tensor
 
 from trainer.agent.network import expected_q
+from trainer.sim.actions import LONG, SHORT
 
 
 def thompson_returns(logits: Tensor, support: Tensor) -> Tensor:
@@ -65,3 +66,19 @@ def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore
         score = mean + noise_scale * (thompson_returns(logits, support) - mean)
     score = score.masked_fill(~action_mask, float("-inf"))
     return score.argmax(dim=-1)
+
+
+def mirror_directions(q: Tensor) -> Tensor:
+    """q (B, n_branches, A_max) with the direction branch's LONG and SHORT swapped: the scores of the mirrored actions.
+    Magnitude, order type and urgency are the same on either side and stay."""
+    direction = q[:, 0].clone()
+    direction[:, LONG], direction[:, SHORT] = q[:, 0, SHORT], q[:, 0, LONG]
+    return torch.cat([direction.unsqueeze(1), q[:, 1:]], dim=1)
+
+
+def mirrored_greedy(logits: Tensor, logits_reflected: Tensor, support: Tensor, action_mask: Tensor) -> Tensor:
+    """Greedy actions (B, n_branches) on the mean of each action's E[Q] in the observed market and of its mirror's
+    E[Q] in the reflected one (AgentConfig.mirror): a policy with no preferred direction of its own. logits: the
+    network on the observation; logits_reflected: on the reflected observation and env state."""
+    score = 0.5 * (expected_q(logits, support) + mirror_directions(expected_q(logits_reflected, support)))
+    return score.masked_fill(~action_mask, float("-inf")).argmax(dim=-1)

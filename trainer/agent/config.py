@@ -77,6 +77,27 @@ class AgentConfig:
     """Decision rows ahead of the auxiliary target (>= 1); rows whose horizon runs past the training rows use the
     last training row (the held-out selection slice and the eval window are never read)."""
 
+    # --- deployment --------------------------------------------------------------------------
+    mirror: bool = False
+    """Deployed (greedy) decisions read the market twice, as observed and reflected (every price p -> C - p, bids and
+    asks swapped: the directional features and the position change sign, trainer/features/compute.py
+    `reflection_signs`, trainer/sim ENV_REFLECTION), and score each action by the mean of its E[Q] and its mirror's
+    (LONG <-> SHORT) in the reflected market: a policy with no preferred direction of its own. Model selection and
+    out-of-sample evaluation use it; training and exploration do not change. docs/RESULTS.md §8 says why (a
+    direction bias learned from the training window's drift)."""
+
+    # --- a linear forecast as an input -------------------------------------------------------
+    forecast_lags: int = 0
+    """> 0: one more input column, a ridge forecast of the standardised mid change over the next `forecast_horizon`
+    rows from the last `forecast_lags` rows of every feature, fitted per fold on the training rows only (the
+    selection slice and the eval window are never fitted on) and read causally (trainer/agent/forecast.py). The
+    folds then add a `forecast_rule_max` baseline: the OFI rule on that column at full size. 0 = off (the inputs
+    as without the option). docs/RESULTS.md §8 says why and what it did."""
+    forecast_horizon: int = 4
+    """Decision rows ahead of the forecast's target (>= 1)."""
+    forecast_ridge: float = 1.0
+    """λ of the forecast's ridge penalty on standardised inputs (> 0)."""
+
     # --- optimiser ---------------------------------------------------------------------------
     lr: float = 2.5e-4
     """Base AdamW learning rate; the controller scales it (warm-up, Q drift) every update."""
@@ -186,6 +207,14 @@ class AgentConfig:
             raise bad("aux_weight", "must be finite and >= 0")
         if not isinstance(self.aux_horizon, int) or isinstance(self.aux_horizon, bool) or self.aux_horizon < 1:
             raise bad("aux_horizon", "must be an integer >= 1")
+        for f, least in (("forecast_lags", 0), ("forecast_horizon", 1)):
+            value = getattr(self, f)
+            if not isinstance(value, int) or isinstance(value, bool) or value < least:
+                raise bad(f, f"must be an integer >= {least}")
+        if not (math.isfinite(self.forecast_ridge) and self.forecast_ridge > 0):
+            raise bad("forecast_ridge", "must be finite and > 0")
+        if self.mirror and self.forecast_lags > 0:
+            raise bad("mirror", "cannot be combined with forecast_lags > 0 (the forecast column has no reflection)")
         if not isinstance(self.thompson_anneal_updates, int) or self.thompson_anneal_updates < 0:
             raise bad("thompson_anneal_updates", "must be an integer >= 0")
         if self.kill_warmup_samples < 3:

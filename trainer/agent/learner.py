@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.agent.act import select_actions, thompson_scale_at
+from trainer.agent.act import mirrored_greedy, select_actions, thompson_scale_at
 from trainer.agent.c51 import project_distribution
 from trainer.agent.config import AgentConfig
 from trainer.agent.controllers import Controllers
@@ -104,6 +104,12 @@ class Learner:
         """Actions (B, n_branches) int64 from the online net (Thompson when `explore`, else greedy)."""
         logits = self.online(obs, env_state)
         return select_actions(logits, self.online.support, self.online.action_mask, explore, self.thompson_scale())
+
+    def act_mirrored(self, obs: Tensor, env_state: Tensor, obs_reflected: Tensor, env_reflected: Tensor) -> Tensor:
+        """Greedy actions (B, n_branches) of the mirrored policy (AgentConfig.mirror, trainer.agent.act.mirrored_greedy)
+        from the observation and the same observation of the reflected market."""
+        net = self.online
+        return mirrored_greedy(net(obs, env_state), net(obs_reflected, env_reflected), net.support, net.action_mask)
 
     def thompson_scale(self) -> Tensor | float:
         """κ of the exploring draws at the current update step (AgentConfig.thompson_scale; device math)."""

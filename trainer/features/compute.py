@@ -39,6 +39,30 @@ def feature_names(cfg: FeatureConfig, levels: int) -> list[str]:
     )
 
 
+REFLECTION_ODD = ("ofi_l", "ofi_sum", "microprice_minus_mid_ticks", "depth_imbalance_l", "trade_flow_imbalance_",
+                  "mid_return_")
+"""Name prefixes of the features that change sign when the market is reflected (every price p -> C - p, bids and
+asks swapped, buyers and sellers swapped): the directional ones."""
+REFLECTION_EVEN = ("spread_ticks", "trade_volume_log1p", "realised_vol_", "time_of_day_", "since_last_decision")
+"""Name prefixes of the features a reflection leaves unchanged."""
+
+
+def reflection_signs(names) -> np.ndarray:
+    """(F,) float64: -1 for a feature that changes sign under the market's reflection, +1 for one that does not, in
+    the order of `names` (AgentConfig.mirror reads the reflected market as raw * signs). ValueError naming a column
+    that is neither, so a new feature cannot be mirrored wrongly by default."""
+    signs = []
+    for name in names:
+        if name.startswith(REFLECTION_ODD):
+            signs.append(-1.0)
+        elif name.startswith(REFLECTION_EVEN):
+            signs.append(1.0)
+        else:
+            raise ValueError(f"feature {name!r} has no known behaviour under reflection: add its prefix to "
+                             f"REFLECTION_ODD or REFLECTION_EVEN (trainer/features/compute.py)")
+    return np.array(signs)
+
+
 @njit(cache=True, nogil=True)
 def _ofi_between_decisions(bid_px, bid_sz, ask_px, ask_sz, rows, n_levels):  # pragma: no cover - numba
     """(T, K) int64 order-flow imbalance per level summed over book events in (rows[t-1], rows[t]].

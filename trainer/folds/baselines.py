@@ -12,6 +12,9 @@ Each is a `Policy`: (obs (B, W, F), env_state (B, S)) -> actions (B, 4) int64, s
             The agent may hold up to that many contracts, so this is the size-matched comparison: a net PnL above
             `ofi_rule` alone can come from holding a larger position, not from reading the market better
             (docs/RESULTS.md §7: on the demo market the agent held ~2.7 contracts per trip against the rule's one).
+  forecast_rule_max  only where the inputs carry the per-fold linear forecast (AgentConfig.forecast_lags > 0,
+            column `forecast`): the same rule at full size reading that column instead of `ofi_sum`. An agent that
+            reads the forecast must beat this to show that the learning adds anything to it.
 """
 from __future__ import annotations
 
@@ -22,12 +25,14 @@ from typing import Sequence
 
 import torch
 
+from trainer.agent.forecast import FORECAST_COLUMN
 from trainer.folds.evaluate import HEADLINE, EvalConfig, Policy, evaluate
 from trainer.features.decision import DecisionTape
 from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, SimConfig
 from trainer.sim.actions import BRANCH_SIZES
 
 BASELINES = ("flat", "random", "ofi_rule", "ofi_rule_max")
+"""The baselines of every fold; `forecast_rule_max` joins them where the inputs have the forecast column."""
 
 
 @dataclass(frozen=True)
@@ -99,8 +104,11 @@ def ofi_rule_policy(names: Sequence[str], cfg: OfiRuleConfig = OfiRuleConfig()) 
 def baseline_policies(names: Sequence[str], seed: int, device: torch.device | str,
                       ofi: OfiRuleConfig = OfiRuleConfig()) -> dict[str, Policy]:
     largest = dataclasses.replace(ofi, magnitude=BRANCH_SIZES[1] - 1)
-    return {"flat": flat_policy(), "random": random_policy(seed, device), "ofi_rule": ofi_rule_policy(names, ofi),
-            "ofi_rule_max": ofi_rule_policy(names, largest)}
+    policies = {"flat": flat_policy(), "random": random_policy(seed, device), "ofi_rule": ofi_rule_policy(names, ofi),
+                "ofi_rule_max": ofi_rule_policy(names, largest)}
+    if FORECAST_COLUMN in names:
+        policies["forecast_rule_max"] = ofi_rule_policy(names, dataclasses.replace(largest, column=FORECAST_COLUMN))
+    return policies
 
 
 def run_baselines(names: Sequence[str], features: torch.Tensor, tape: DecisionTape, sim_cfg: SimConfig,

@@ -80,15 +80,16 @@ class FoldResult:
 
 
 def evaluate_fold(trainer: FoldTrainer, fs: FeatureSet, cfg: TrainConfig, train_w: FoldWindow, eval_w: FoldWindow,
-                  checkpoint_seconds: float) -> tuple[FoldResult, np.ndarray]:
+                  checkpoint_seconds: float, names: list[str] | None = None) -> tuple[FoldResult, np.ndarray]:
     """Greedy (argmax E[Q]) out-of-sample evaluation of the trained fold on `eval_w`, plus the baselines; returns
-    the result and the continuous-pass equity curve (currency, one point per decision step)."""
+    the result and the continuous-pass equity curve (currency, one point per decision step). `names`: the names of
+    the trainer's input columns (trainer.loop.fold.fold_inputs), fs.names when None."""
     greedy = trainer.deployed_policy()  # the selected weights, or always FLAT when selection stood aside
 
     window = trainer.agent_cfg.window
-    baselines = run_baselines(fs.names, trainer.features, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop,
+    baselines = run_baselines(fs.names if names is None else names, trainer.features, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop,
                               cfg.eval, seed=cfg.loop.seed)
-    res = evaluate(greedy, trainer.features, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop, cfg=cfg.eval)
+    res = evaluate(greedy, trainer.policy_features, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop, cfg=cfg.eval)
     train_stats = {k: float(v) for k, v in trainer.sim.stats(trainer.state).items()}  # host sync, once
     result = FoldResult(
         fold=cfg.folds.fold, folds=cfg.folds.folds,
@@ -112,15 +113,16 @@ def write_result(fold_dir: Path, result: FoldResult, equity: np.ndarray) -> dict
 
 
 def write_run_json(run_dir: Path, cfg: TrainConfig, fs: FeatureSet, trainer: FoldTrainer,
-                   fees: dict | None = None) -> dict:
+                   fees: dict | None = None, names: list[str] | None = None) -> dict:
     """RUN/run.json, once per run (the first fold to get here writes it): the resolved config without the fold
-    index (the folds share it), the features, the instrument, the venue fee schedule the simulator charged
-    (`fees`, trainer.data.fees.venue_fees; absent with SimConfig.fees='manual') and the versions."""
+    index (the folds share it), the input columns' names (`names`, fs.names when None), the instrument, the venue
+    fee schedule the simulator charged (`fees`, trainer.data.fees.venue_fees; absent with SimConfig.fees='manual')
+    and the versions."""
     config = cfg.to_dict()
     config["folds"].pop("fold")
     info = {"config": config,
             "agent": dataclasses.asdict(trainer.agent_cfg),
-            "feature_key": fs.key, "feature_names": list(fs.names), "instrument": dataclasses.asdict(fs.instrument),
+            "feature_key": fs.key, "feature_names": list(fs.names if names is None else names), "instrument": dataclasses.asdict(fs.instrument),
             "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
             "data_fingerprint": hashlib.sha256(fs.key.encode()).hexdigest()}
     if fees is not None:

@@ -20,15 +20,17 @@ import torch
 
 from trainer.agent.aux import mid_change_target
 from trainer.agent.config import AgentConfig
+from trainer.agent.forecast import FORECAST_COLUMN, append_forecast
 from trainer.agent.learner import Learner
 from trainer.agent.network import QNetwork
 from trainer.agent.replay import NStepAccumulator, PrioritizedReplay, effective_capacity
+from trainer.features.compute import Normaliser, reflection_signs
 from trainer.features.decision import DecisionTape
 from trainer.loop.config import TrainConfig
 from trainer.loop.log import JsonLog, eta_text
 from trainer.loop.select import Selector, split_validation
 from trainer.loop.step import GraphedStep, StepMetrics, TrainStep
-from trainer.sim import ENV_FEATURES, FLAT, MARKET, Simulator
+from trainer.sim import ENV_FEATURES, ENV_REFLECTION, FLAT, MARKET, Simulator
 
 
 class Checkpointer(Protocol):
@@ -75,6 +77,35 @@ class Window:
     stop: int
 
 
+def fold_inputs(cfg: TrainConfig, raw: np.ndarray, names: list[str], tape: DecisionTape,
+                train: Window) -> tuple[np.ndarray, list[str], np.ndarray | None]:
+    """The fold's input columns, their names, and the same columns of the reflected market (None unless
+    AgentConfig.mirror): the raw features normalised on the training window (no look-ahead); plus the per-fold
+    forecast column when AgentConfig.forecast_lags > 0, fitted on the rows the agent trains on (the selection slice
+    held out, trainer/agent/forecast.py). The reflected columns are the raw features times their reflection signs,
+    through the same normaliser."""
+    normaliser = Normaliser.fit(raw[train.start:train.stop])
+    features = normaliser.apply(raw)
+    a = cfg.agent
+    reflected = normaliser.apply(raw * reflection_signs(names)) if a.mirror else None
+    if a.forecast_lags == 0:
+        return features, list(names), reflected
+    train_stop, _ = split_validation(train.start, train.stop, cfg.loop.select_frac, a.window)
+    features = append_forecast(features, tape.bid_px[:, 0], tape.ask_px[:, 0], train.start, train_stop,
+                               a.forecast_lags, a.forecast_horizon, a.forecast_ridge)
+    return features, [*names, FORECAST_COLUMN], reflected
+
+
+def mirrored_policy(learner: Learner, n_features: int):
+    """The greedy policy of AgentConfig.mirror as a `Policy` over observations of 2F columns: the fold's inputs, then
+    the reflected market's (FoldTrainer.policy_features); the env state is reflected with ENV_REFLECTION."""
+    def policy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
+        signs = torch.tensor(ENV_REFLECTION, dtype=env_state.dtype, device=env_state.device)
+        return learner.act_mirrored(obs[..., :n_features], env_state, obs[..., n_features:], env_state * signs)
+
+    return policy
+
+
 def direction_entropy(counts: torch.Tensor) -> torch.Tensor:
     """Entropy (nats) of the direction-choice frequencies; log(4) = 1.386 is uniform."""
     p = counts / counts.sum().clamp(min=1)
@@ -86,7 +117,7 @@ class FoldTrainer:
     """Eager gradient steps before graph capture (cuBLAS handles, optimizer state, allocator warm-up)."""
 
     def __init__(self, cfg: TrainConfig, features: np.ndarray, tape: DecisionTape, train: Window, fold: int,
-                 log: JsonLog | None = None):
+                 log: JsonLog | None = None, reflected: np.ndarray | None = None):
         self.cfg, self.fold = cfg, fold
         self.log = log or JsonLog(fold)
         self.device = resolve_device(cfg.loop.device)
@@ -99,6 +130,12 @@ class FoldTrainer:
         dev = self.device
         lc = cfg.loop
         self.features = torch.as_tensor(features, dtype=torch.float32, device=dev)  # (T, F) normalised
+        if self.agent_cfg.mirror != (reflected is not None):
+            raise ValueError(f"AgentConfig.mirror={self.agent_cfg.mirror} needs the reflected inputs exactly when on "
+                             f"(trainer.loop.fold.fold_inputs gives them)")
+        # (T, 2F): the inputs, then the reflected market's; what the deployed policy reads (self.deployed_policy)
+        self.policy_features = self.features if reflected is None else torch.cat(
+            [self.features, torch.as_tensor(reflected, dtype=torch.float32, device=dev)], dim=1)
         # Model selection holds out the window's last rows: training acts on [train.start, train_stop) only.
         train_stop, val_start = split_validation(train.start, train.stop, lc.select_frac, W)
         self.sim = Simulator(tape, cfg.sim, dev)
@@ -127,7 +164,7 @@ class FoldTrainer:
                                  overlap=overlap, act_sm_share=lc.act_sm_share)
         self.selector = None if lc.select_frac <= 0 else Selector(
             self.learner, self.features, tape, cfg.sim, W, val_start, train.stop, lc.select_envs, lc.select_min_net,
-            lc.select_min_t)
+            lc.select_min_t, policy=self._greedy(), policy_features=self.policy_features)
         self.env_step = 0  # loop iterations done (each is n_envs env steps); host-side, no sync needed
         self.update_step = 0  # gradient steps done
         self.wall_seconds = 0.0  # accumulated over attempts
@@ -247,9 +284,20 @@ class FoldTrainer:
     def _validate(self) -> None:
         self.log.event("validate", env_step=self.env_step, **self.selector.validate(self.env_step))
 
+    def _greedy(self):
+        """The greedy policy over `policy_features` windows: argmax E[Q], or its mirrored form (AgentConfig.mirror)."""
+        if self.agent_cfg.mirror:
+            return mirrored_policy(self.learner, self.features.shape[1])
+
+        def greedy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
+            return self.learner.act(obs, env_state, explore=False)
+
+        return greedy
+
     def deployed_policy(self):
-        """The policy that goes to out-of-sample evaluation: greedy (argmax E[Q]) with the selected weights loaded
-        into the online net, or always FLAT when model selection stood aside (trainer/loop/select.py)."""
+        """The policy that goes to out-of-sample evaluation, over `policy_features` windows: greedy (argmax E[Q], or
+        its mirrored form) with the selected weights loaded into the online net, or always FLAT when model
+        selection stood aside (trainer/loop/select.py)."""
         self.learner.online.eval()
         if self.selector is not None:
             self.selector.load_best()
@@ -261,10 +309,7 @@ class FoldTrainer:
 
                 return stand_aside
 
-        def greedy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
-            return self.learner.act(obs, env_state, explore=False)
-
-        return greedy
+        return self._greedy()
 
     def selection_summary(self) -> dict:
         return {} if self.selector is None else self.selector.summary()

@@ -50,8 +50,13 @@ class Selector:
     """Validation backtests of the greedy policy and the best weights so far (state for checkpoints)."""
 
     def __init__(self, learner: Learner, features: torch.Tensor, tape: DecisionTape, sim_cfg: SimConfig,
-                 window: int, val_start: int, val_stop: int, n_envs: int, min_net: float, min_t: float = 0.0):
-        self.learner, self.features, self.window = learner, features, window
+                 window: int, val_start: int, val_stop: int, n_envs: int, min_net: float, min_t: float = 0.0,
+                 policy=None, policy_features: torch.Tensor | None = None):
+        """policy: the greedy policy to validate (obs, env_state) -> actions over windows of `policy_features`
+        (the deployed policy's inputs, FoldTrainer); default the learner's plain greedy over `features`."""
+        self.learner, self.window = learner, window
+        self.features = features if policy_features is None else policy_features
+        self.policy = policy or (lambda obs, env_state: learner.act(obs, env_state, explore=False))
         self.val_start, self.val_stop, self.min_net, self.min_t = val_start, val_stop, min_net, min_t
         # First row with a full observation window inside the slice, as the agent sees it (feed latency k rows late).
         first = val_start + window - 1 + sim_cfg.feed_latency_steps
@@ -77,7 +82,7 @@ class Selector:
         state = sim.reset(self.val_start, self.val_stop, min_history=self.window - 1, start_rows=self.start_rows)
         for _ in range(self.seg_len):
             obs = gather_windows(self.features, sim.obs_rows(state), self.window)
-            sim.step(state, self.learner.act(obs, sim.env_features(state), explore=False))
+            sim.step(state, self.policy(obs, sim.env_features(state)))
         close = torch.zeros(sim.cfg.n_envs, 4, dtype=torch.int64, device=self.features.device)
         close[:, 0], close[:, 2] = FLAT, MARKET
         sim.step(state, close)
