@@ -33,6 +33,7 @@ sys.path.insert(0, str(REPO))
 
 from trainer.data import synth  # noqa: E402
 from trainer.agent.aux import mid_change_target  # noqa: E402
+from trainer.agent.forecast import ridge_forecast  # noqa: E402
 from trainer.data.fees import venue_fees  # noqa: E402
 from trainer.data.spec import parse_spec  # noqa: E402
 from trainer.features.cache import load_or_build  # noqa: E402
@@ -60,22 +61,6 @@ def latent_pressure(spec: str, ts_ns: np.ndarray) -> np.ndarray:
     if np.any(idx < 0):
         raise ValueError("a decision precedes the first book record")
     return p[idx]
-
-
-def lagged(x: np.ndarray, lags: int) -> np.ndarray:
-    """(T, F * lags) the rows t, t-1, ..., t-lags+1 side by side (earlier rows repeat the first row)."""
-    cols = [np.concatenate([np.repeat(x[:1], k, axis=0), x[:len(x) - k]]) for k in range(lags)]
-    return np.concatenate(cols, axis=1)
-
-
-def linear_probe(feats: np.ndarray, target: np.ndarray, fit: slice, lags: int, ridge: float = 1.0) -> np.ndarray:
-    """(T,) ridge regression of `target` on the last `lags` rows of every feature, fitted on rows `fit` only, scaled
-    to unit standard deviation on those rows: the best linear read of the pressure the features allow."""
-    x = np.c_[lagged(feats, lags), np.ones(len(feats))]
-    a, b = x[fit], target[fit]
-    w = np.linalg.solve(a.T @ a + ridge * np.eye(x.shape[1]), a.T @ b)
-    pred = x @ w
-    return pred / pred[fit].std()
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -110,11 +95,11 @@ def main(argv: list[str] | None = None) -> int:
         train_w, eval_w = fold_windows(windows, n)
         feats = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw)
         fit = slice(train_w.start, train_w.stop)
-        probe = linear_probe(feats, pressure, fit, args.lags)
+        probe = ridge_forecast(feats, pressure, fit, args.lags, ridge=1.0)
         # the same regression on what a trader can observe: the mid change over the next 4 rows (the agent's
         # auxiliary target, trainer/agent/aux.py), fitted on the training window
         ahead = mid_change_target(fs.decision.bid_px[:, 0], fs.decision.ask_px[:, 0], train_w.start, train_w.stop, 4)
-        forecast = linear_probe(feats, ahead.astype(np.float64), fit, args.lags)
+        forecast = ridge_forecast(feats, ahead, fit, args.lags, ridge=1.0)
         ev = slice(eval_w.start, eval_w.stop)
         print(f"fold {n}: corr(probe, pressure) on the eval window {np.corrcoef(probe[ev], pressure[ev])[0, 1]:.3f}, "
               f"corr(forecast, pressure) {np.corrcoef(forecast[ev], pressure[ev])[0, 1]:.3f}, "
