@@ -8,7 +8,9 @@ CPU: the check that the weights and inputs are the ones evaluated in training; a
     a_b = argmax_a  mean over the seeds that did not stand aside of E[Q_seed(s, b, a)]     for every branch b
 
 (always FLAT when every seed stood aside). Averaging independently trained value estimates lowers the variance of
-each greedy decision (Averaged-/Ensemble-DQN); docs/RESULTS.md §8 says whether it pays here.
+each greedy decision (Averaged-/Ensemble-DQN); docs/RESULTS.md §8 says whether it pays here. `--mirror` scores the
+same decisions as AgentConfig.mirror does (each action with its mirror in the reflected market), for runs trained
+without it: how §8 first measured the mirror, before the option existed.
 
     python scripts/experiment.py --out DIR --preset smoke --data SPEC --seeds 0,1,2 --variant base=FLAGS
     python scripts/ensemble_eval.py --dir DIR/base --preset smoke --data SPEC --seeds 0,1,2 --flags "FLAGS"
