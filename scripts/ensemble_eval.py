@@ -27,18 +27,19 @@ import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from trainer.agent.act import mirror_directions  # noqa: E402
 from trainer.agent.network import QNetwork, expected_q  # noqa: E402
 from trainer.checkpoint.tensors import decode_tensors  # noqa: E402
 from trainer.checkpoint.store import latest_valid  # noqa: E402
 from trainer.cli import parse  # noqa: E402
 from trainer.data.fees import venue_fees  # noqa: E402
 from trainer.features.cache import load_or_build  # noqa: E402
-from trainer.features.compute import Normaliser  # noqa: E402
+from trainer.features.compute import Normaliser, reflection_signs  # noqa: E402
 from trainer.folds.baselines import flat_policy, run_baselines  # noqa: E402
 from trainer.folds.evaluate import evaluate  # noqa: E402
 from trainer.folds.windows import fold_windows, walk_forward_windows  # noqa: E402
 from trainer.loop.fold import Window, agent_config_for, fold_inputs  # noqa: E402
-from trainer.sim import LONG, SHORT  # noqa: E402
+from trainer.sim import ENV_REFLECTION  # noqa: E402
 
 
 def selected_network(fold_dir: Path, agent_cfg, device: torch.device) -> tuple[QNetwork, bool]:
@@ -59,24 +60,13 @@ def selected_network(fold_dir: Path, agent_cfg, device: torch.device) -> tuple[Q
     return net.eval(), bool(result.get("stood_aside", False))
 
 
-# Price reflection (bid <-> ask, every price negated): these raw features change sign, the others do not.
-ODD_PREFIXES = ("ofi_", "microprice_minus_mid", "depth_imbalance_", "trade_flow_imbalance_", "mid_return_")
-ENV_PARITY = (-1.0, 1.0, -1.0, 1.0, 1.0, 1.0, 1.0)
-"""Of Simulator.env_features under reflection: position and order side change sign; unrealised PnL, order age,
-queue fraction, order remaining and time in trade do not."""
-
-
-def parity(names) -> np.ndarray:
-    return np.array([-1.0 if n.startswith(ODD_PREFIXES) else 1.0 for n in names])
-
-
 def ensemble_policy(nets: list[QNetwork], n_features: int | None = None):
     """Greedy on the seeds' mean E[Q]. With `n_features` F, the observation carries 2F columns: the inputs, then the
     same inputs of the reflected market, and each action's score also averages E[Q] of the mirrored action (LONG
     <-> SHORT) in the reflected state: a policy with no preferred direction of its own."""
     if not nets:
         return flat_policy()
-    env_parity = torch.tensor(ENV_PARITY)
+    env_signs = torch.tensor(ENV_REFLECTION)
 
     def mean_q(obs, env_state):
         return torch.stack([expected_q(n(obs, env_state), n.support) for n in nets]).mean(0)  # (B, nb, A_max)
@@ -87,9 +77,8 @@ def ensemble_policy(nets: list[QNetwork], n_features: int | None = None):
             q = mean_q(obs, env_state)
         else:
             q = mean_q(obs[..., :n_features], env_state)
-            qm = mean_q(obs[..., n_features:], env_state * env_parity.to(env_state.device))
-            qm[:, 0, [SHORT, LONG]] = qm[:, 0, [LONG, SHORT]]  # the mirrored direction
-            q = 0.5 * (q + qm)
+            qm = mean_q(obs[..., n_features:], env_state * env_signs.to(env_state.device))
+            q = 0.5 * (q + mirror_directions(qm))  # as trainer.agent.act.mirrored_greedy, on the seeds' mean
         return q.masked_fill(~nets[0].action_mask, float("-inf")).argmax(-1)
 
     return policy
@@ -127,7 +116,7 @@ def main() -> int:
             if args.mirror:
                 if n_feats != len(fs.names):
                     raise SystemExit("--mirror reflects the raw features only: not with --agent.forecast-lags")
-                mirrored = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw * parity(fs.names))
+                mirrored = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw * reflection_signs(fs.names))
                 feats = np.concatenate([feats, mirrored], axis=1)
             feats = torch.as_tensor(feats, dtype=torch.float32, device=device)
             fold_dir = args.dir / f"seed{s}" / f"fold{n}"
