@@ -34,7 +34,6 @@ from trainer.checkpoint.store import latest_valid  # noqa: E402
 from trainer.cli import parse  # noqa: E402
 from trainer.data.fees import venue_fees  # noqa: E402
 from trainer.features.cache import load_or_build  # noqa: E402
-from trainer.features.compute import Normaliser, reflection_signs  # noqa: E402
 from trainer.folds.baselines import flat_policy, run_baselines  # noqa: E402
 from trainer.folds.evaluate import evaluate  # noqa: E402
 from trainer.folds.windows import fold_windows, walk_forward_windows  # noqa: E402
@@ -111,13 +110,13 @@ def main() -> int:
                 cfg = cfg.replace(sim={"maker_fee": fees["maker_fee"], "taker_fee": fees["taker_fee"]})
             windows = walk_forward_windows(fs.raw.shape[0], cfg.folds.folds, embargo_rows=cfg.folds.embargo_rows)
             train_w, eval_w = fold_windows(windows, n)
-            feats, names, _ = fold_inputs(cfg, fs.raw, fs.names, fs.decision, Window(train_w.start, train_w.stop))
+            # --mirror: the reflected inputs as the folds build them (AgentConfig.mirror refuses the forecast input)
+            inputs_cfg = cfg.replace(agent={"mirror": True}) if args.mirror else cfg
+            feats, names, reflected = fold_inputs(inputs_cfg, fs.raw, fs.names, fs.decision,
+                                                  Window(train_w.start, train_w.stop))
             n_feats = feats.shape[1]
-            if args.mirror:
-                if n_feats != len(fs.names):
-                    raise SystemExit("--mirror reflects the raw features only: not with --agent.forecast-lags")
-                mirrored = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw * reflection_signs(fs.names))
-                feats = np.concatenate([feats, mirrored], axis=1)
+            if reflected is not None:
+                feats = np.concatenate([feats, reflected], axis=1)
             feats = torch.as_tensor(feats, dtype=torch.float32, device=device)
             fold_dir = args.dir / f"seed{s}" / f"fold{n}"
             if not (fold_dir / "result.json").exists():

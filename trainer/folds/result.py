@@ -87,9 +87,11 @@ def evaluate_fold(trainer: FoldTrainer, fs: FeatureSet, cfg: TrainConfig, train_
     greedy = trainer.deployed_policy()  # the selected weights, or always FLAT when selection stood aside
 
     window = trainer.agent_cfg.window
-    baselines = run_baselines(fs.names if names is None else names, trainer.features, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop,
+    names = fs.names if names is None else names
+    baselines = run_baselines(names, trainer.features, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop,
                               cfg.eval, seed=cfg.loop.seed)
-    res = evaluate(greedy, trainer.policy_features, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop, cfg=cfg.eval)
+    res = evaluate(greedy, trainer.policy_features, fs.decision, cfg.sim, window, eval_w.start, eval_w.stop,
+                   cfg=cfg.eval)
     train_stats = {k: float(v) for k, v in trainer.sim.stats(trainer.state).items()}  # host sync, once
     result = FoldResult(
         fold=cfg.folds.fold, folds=cfg.folds.folds,
@@ -122,7 +124,8 @@ def write_run_json(run_dir: Path, cfg: TrainConfig, fs: FeatureSet, trainer: Fol
     config["folds"].pop("fold")
     info = {"config": config,
             "agent": dataclasses.asdict(trainer.agent_cfg),
-            "feature_key": fs.key, "feature_names": list(fs.names if names is None else names), "instrument": dataclasses.asdict(fs.instrument),
+            "feature_key": fs.key, "feature_names": list(fs.names if names is None else names),
+            "instrument": dataclasses.asdict(fs.instrument),
             "versions": {"python": platform.python_version(), "torch": torch.__version__, "numpy": np.__version__},
             "data_fingerprint": hashlib.sha256(fs.key.encode()).hexdigest()}
     if fees is not None:

@@ -99,8 +99,9 @@ def fold_inputs(cfg: TrainConfig, raw: np.ndarray, names: list[str], tape: Decis
 def mirrored_policy(learner: Learner, n_features: int):
     """The greedy policy of AgentConfig.mirror as a `Policy` over observations of 2F columns: the fold's inputs, then
     the reflected market's (FoldTrainer.policy_features); the env state is reflected with ENV_REFLECTION."""
+    signs = torch.tensor(ENV_REFLECTION, device=learner.device)  # (ENV_FEATURES,)
+
     def policy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
-        signs = torch.tensor(ENV_REFLECTION, dtype=env_state.dtype, device=env_state.device)
         return learner.act_mirrored(obs[..., :n_features], env_state, obs[..., n_features:], env_state * signs)
 
     return policy
@@ -163,8 +164,8 @@ class FoldTrainer:
                                  row_range=(train.start + W - 1, train_stop), compile=cfg.loop.compile,
                                  overlap=overlap, act_sm_share=lc.act_sm_share)
         self.selector = None if lc.select_frac <= 0 else Selector(
-            self.learner, self.features, tape, cfg.sim, W, val_start, train.stop, lc.select_envs, lc.select_min_net,
-            lc.select_min_t, policy=self._greedy(), policy_features=self.policy_features)
+            self.learner, self.policy_features, tape, cfg.sim, W, val_start, train.stop, lc.select_envs,
+            lc.select_min_net, lc.select_min_t, policy=self._greedy())
         self.env_step = 0  # loop iterations done (each is n_envs env steps); host-side, no sync needed
         self.update_step = 0  # gradient steps done
         self.wall_seconds = 0.0  # accumulated over attempts

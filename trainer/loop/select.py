@@ -51,11 +51,10 @@ class Selector:
 
     def __init__(self, learner: Learner, features: torch.Tensor, tape: DecisionTape, sim_cfg: SimConfig,
                  window: int, val_start: int, val_stop: int, n_envs: int, min_net: float, min_t: float = 0.0,
-                 policy=None, policy_features: torch.Tensor | None = None):
-        """policy: the greedy policy to validate (obs, env_state) -> actions over windows of `policy_features`
-        (the deployed policy's inputs, FoldTrainer); default the learner's plain greedy over `features`."""
-        self.learner, self.window = learner, window
-        self.features = features if policy_features is None else policy_features
+                 policy=None):
+        """policy: the greedy policy to validate, (obs, env_state) -> actions over windows of `features` (the
+        deployed policy and its inputs, FoldTrainer.policy_features); default the learner's plain greedy."""
+        self.learner, self.features, self.window = learner, features, window
         self.policy = policy or (lambda obs, env_state: learner.act(obs, env_state, explore=False))
         self.val_start, self.val_stop, self.min_net, self.min_t = val_start, val_stop, min_net, min_t
         # First row with a full observation window inside the slice, as the agent sees it (feed latency k rows late).
