@@ -171,3 +171,43 @@ def test_mirrored_greedy_is_equivariant_the_reflected_market_gets_the_mirrored_d
     swap = torch.tensor([LONG if x == SHORT else SHORT if x == LONG else x for x in range(4)])
     assert torch.equal(there[:, 0], swap[here[:, 0]]) and torch.equal(there[:, 1:], here[:, 1:])
     assert {int(x) for x in here[:, 0]} >= {SHORT, LONG}
+
+
+def test_flat_margin_stands_aside_unless_a_position_beats_flat_by_more_than_the_margin():
+    from trainer.sim import FLAT, HOLD, LONG, SHORT
+
+    support = make_support(-10.0, 10.0, 51)
+    mask = branch_action_mask((4, 3))
+    q = torch.zeros(3, 2, 4)
+    # row 0: LONG 1.0 over FLAT 0.7 (gap 0.3); row 1: HOLD (keep the position) 0.9 over FLAT 0.75 (gap 0.15);
+    # row 2: FLAT already best
+    q[:, 0, [SHORT, HOLD, LONG, FLAT]] = torch.tensor([[0.2, 0.5, 1.0, 0.7], [0.1, 0.9, 0.3, 0.75],
+                                                        [0.0, 0.1, 0.2, 0.4]])
+    q[:, 1, :3] = torch.tensor([0.0, 2.0, 1.0])
+    logits = _logits_for(q, support)
+
+    def directions(margin: float) -> list[int]:
+        return select_actions(logits, support, mask, explore=False, flat_margin=margin)[:, 0].tolist()
+
+    assert directions(0.0) == [LONG, HOLD, FLAT]
+    assert directions(0.2) == [LONG, FLAT, FLAT]  # 0.75 + 0.2 > 0.9; 0.7 + 0.2 < 1.0
+    assert directions(0.35) == [FLAT, FLAT, FLAT]  # 0.7 + 0.35 > 1.0
+    # only the direction branch moves: the magnitude is still argmax E[Q]
+    assert select_actions(logits, support, mask, explore=False, flat_margin=0.35)[:, 1].tolist() == [1, 1, 1]
+    with pytest.raises(ValueError, match="greedy"):
+        select_actions(logits, support, mask, explore=True, flat_margin=0.1)
+
+
+def test_mirrored_greedy_with_a_flat_margin_compares_the_mirrored_scores_with_flat():
+    from trainer.sim import FLAT, HOLD, LONG, SHORT
+
+    support = make_support(-10.0, 10.0, 51)
+    mask = branch_action_mask((4, 3))
+    q, qr = torch.zeros(1, 2, 4), torch.zeros(1, 2, 4)
+    q[0, 0, [SHORT, HOLD, LONG, FLAT]] = torch.tensor([0.0, 0.0, 3.0, 1.0])
+    qr[0, 0, [SHORT, HOLD, LONG, FLAT]] = torch.tensor([1.0, 0.0, 0.0, 1.0])
+    # mirrored: LONG (3 + 1) / 2 = 2, FLAT (1 + 1) / 2 = 1; LONG alone here would beat FLAT by 2, mirrored by 1
+    args = (_logits_for(q, support), _logits_for(qr, support), support, mask)
+    assert mirrored_greedy(*args, flat_margin=0.9)[0, 0] == LONG
+    assert mirrored_greedy(*args, flat_margin=1.1)[0, 0] == FLAT
+    assert select_actions(args[0], support, mask, explore=False, flat_margin=1.1)[0, 0] == LONG

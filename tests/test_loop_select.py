@@ -9,7 +9,7 @@ from trainer.agent.config import AgentConfig
 from trainer.agent.learner import Learner
 from trainer.agent.network import QNetwork
 from trainer.loop.select import Selector, split_validation
-from trainer.sim import ENV_FEATURES, LONG, SHORT, SimConfig
+from trainer.sim import ENV_FEATURES, FLAT, LONG, SHORT, SimConfig
 
 
 def test_split_validation_holds_out_the_windows_last_rows_with_room_for_an_observation_window():
@@ -129,3 +129,50 @@ def test_t_floor_stands_aside_on_one_lucky_stretch_but_not_on_a_steady_edge():
     assert steady.summary()["select_best_t"] is None
     single, out = select(one_lucky_stretch_tape(), 2.0, n_envs=1)
     assert single.seg_len > 10 and out["val_net_pnl"] > 0 and out["val_t"] is None and not single.stands_aside
+
+
+def threshold_policy(threshold: float):
+    """A market LONG where the newest observed feature is above `threshold`, else a market FLAT."""
+    def policy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
+        a = torch.zeros(obs.shape[0], 4, dtype=torch.int64)
+        a[:, 0] = torch.where(obs[:, -1, 0] > threshold, LONG, FLAT)
+        return a
+
+    return policy
+
+
+def test_backtest_time_in_market_counts_the_steps_that_end_holding_a_position(selector):
+    selector.features[:, 0] = torch.arange(len(selector.features), dtype=torch.float32)  # the row index
+    assert (selector.seg_len, selector.start_rows.tolist()) == (12, [3, 15, 27])
+    # always long (no latency: the order fills at the row it is decided on): every step ends holding, except the
+    # last segment's last, which reaches the slice's last row, where the simulator flattens: 35 of 36
+    assert selector.backtest(threshold_policy(-1.0))[3] == 35 / 36
+    # long only where the observed row is > 20: segment 2 (rows 15-26) holds after rows 21..26 (6 steps), segment
+    # 3 (rows 27-38) 11 steps, segment 1 none: 17 of 36
+    assert selector.backtest(threshold_policy(20.0))[3] == 17 / 36
+    assert selector.backtest(threshold_policy(99.0))[3] == 0.0
+
+
+@pytest.mark.parametrize("cap", [0.2, 0.5, 0.75])
+def test_calibrate_finds_the_smallest_margin_that_keeps_the_slice_under_the_cap(selector, cap):
+    n = len(selector.features)
+    selector.features[:, 0] = torch.arange(n, dtype=torch.float32) / n  # rises 1/40 a row
+
+    def held(m: float) -> float:
+        return selector.backtest(threshold_policy(m))[3]
+
+    # slow reference: the share held only changes where the threshold crosses a row's value k/40, so the smallest
+    # margin under the cap is the first such value under it
+    reference = min(k / n for k in range(n + 1) if held(k / n) <= cap)
+    margin = selector.calibrate(threshold_policy, cap)
+    assert reference <= margin <= reference * (1 + 1 / 63) and held(margin) <= cap
+    s = selector.summary()
+    assert s["select_margin"] == margin and s["select_time_in_market"] == held(margin) <= cap
+    assert s["select_free_time_in_market"] == held(0.0) > cap and s["select_max_exposure"] == cap
+
+
+def test_calibrate_keeps_a_policy_already_under_the_cap_as_it_is(selector):
+    selector.features[:, 0] = torch.arange(len(selector.features), dtype=torch.float32)
+    assert selector.calibrate(lambda m: threshold_policy(20.0 + m), 0.5) == 0.0
+    s = selector.summary()
+    assert (s["select_margin_probes"], s["select_time_in_market"]) == (1, 17 / 36)

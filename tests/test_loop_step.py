@@ -296,3 +296,38 @@ def test_the_mirrored_fold_deploys_and_validates_a_policy_with_no_direction_of_i
     swap = torch.tensor([LONG if x == SHORT else SHORT if x == LONG else x for x in range(4)])
     assert torch.equal(there[:, 0], swap[here[:, 0]]) and torch.equal(there[:, 1:], here[:, 1:])
     assert {int(x) for x in here[:, 0]} >= {LONG, SHORT}  # both directions decided: the check has teeth
+
+
+def test_the_fold_deploys_the_stand_aside_margin_calibrated_on_the_held_out_slice():
+    """LoopConfig.max_exposure: after selection the fold finds the margin on the slice once and deploys the greedy
+    policy with it; the margin makes the policy go flat where the free policy held a position, never the reverse."""
+    from trainer.loop.step import gather_windows
+    from trainer.sim import ENV_FEATURES, FLAT
+
+    rows = 600
+    cfg = preset("smoke").replace(
+        sim={"n_envs": 8}, agent={"batch_size": 16, "window": 8, "d_model": 16},
+        loop={"device": "cpu", "learning_starts": 4, "n_steps": 12, "log_every": 12, "select_frac": 0.2,
+              "select_every": 6, "max_exposure": 0.3})
+    with pytest.raises(ValueError, match="select_frac"):
+        cfg.replace(loop={"select_frac": 0.0})
+    tape = random_decision_tape(rows, levels=10, radius=16, seed=2)
+    features = np.random.default_rng(2).standard_normal((rows, 23)).astype(np.float32)
+    fold = FoldTrainer(cfg, features, tape, Window(0, rows), fold=0)
+    fold.run()
+    with torch.no_grad():  # varied weights, so the policy trades
+        for p in fold.learner.params:
+            p.add_(torch.randn_like(p) * 0.3)
+    fold.selector.best_params.copy_(torch.cat([p.detach().reshape(-1) for p in fold.learner.params]))
+    fold.selector.record[0] = 1e9  # as if validated with a profit: no standing aside
+    deployed = fold.deployed_policy()
+    s = fold.selector.summary()
+    assert s["select_free_time_in_market"] > 0.3 >= s["select_time_in_market"] and s["select_margin"] > 0
+    probes = s["select_margin_probes"]
+    assert fold.deployed_policy() is not None and fold.selector.summary()["select_margin_probes"] == probes  # once
+    obs = gather_windows(fold.policy_features, torch.arange(100, 356), 8)
+    env = torch.rand(256, ENV_FEATURES) * 2 - 1
+    free, capped = fold._greedy()(obs, env), deployed(obs, env)
+    assert torch.equal(capped, fold._greedy(s["select_margin"])(obs, env))
+    changed = capped[:, 0] != free[:, 0]
+    assert changed.any() and (capped[changed, 0] == FLAT).all()

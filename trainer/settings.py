@@ -140,6 +140,14 @@ class LoopConfig:
     nothing to `select_min_net` 0 (t > 0 exactly when the net is); 2 asks for an edge that held across
     the slice, not one lucky stretch. Neither preset sets it: on a small slice t is too noisy, and 2 would have
     stood aside on 7 of 15 smoke folds that beat the OFI rule (docs/RESULTS.md, "A stricter stand-aside rule")."""
+    max_exposure: float = 1.0
+    """A cap on the deployed policy's time in market (share of steps holding a position), kept on the held-out slice:
+    after selection, the smallest stand-aside margin m >= 0 is found there (trainer/loop/select.py, `calibrate`) for
+    which the selected network, deciding greedily with FLAT's E[Q] raised by m (trainer.agent.act.flat_bonus), holds
+    a position on at most this share of the slice's steps; out-of-sample evaluation deploys that margin. The policy
+    then takes or keeps a position only where it beats going flat by more than m: its most confident calls. A cap,
+    never a floor: a policy already under it keeps m = 0, and a fold that stands aside still does. 1.0 turns it
+    off; below 1 needs `select_frac` > 0. docs/RESULTS.md §9."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.select_frac < 1.0:
@@ -147,6 +155,11 @@ class LoopConfig:
         for name in ("select_min_net", "select_min_t"):
             if not math.isfinite(getattr(self, name)):
                 raise ValueError(f"LoopConfig.{name} must be finite, got {getattr(self, name)!r}")
+        if not 0.0 < self.max_exposure <= 1.0:
+            raise ValueError(f"LoopConfig.max_exposure must be in (0, 1], got {self.max_exposure!r}")
+        if self.max_exposure < 1.0 and self.select_frac == 0.0:
+            raise ValueError(f"LoopConfig.max_exposure={self.max_exposure} is calibrated on the held-out slice: it "
+                             f"needs select_frac > 0")
         for name in ("n_steps", "log_every", "checkpoint_every", "select_every", "select_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)!r}")

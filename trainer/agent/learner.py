@@ -100,16 +100,20 @@ class Learner:
 
     # ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def act(self, obs: Tensor, env_state: Tensor, explore: bool) -> Tensor:
-        """Actions (B, n_branches) int64 from the online net (Thompson when `explore`, else greedy)."""
+    def act(self, obs: Tensor, env_state: Tensor, explore: bool, flat_margin: float = 0.0) -> Tensor:
+        """Actions (B, n_branches) int64 from the online net (Thompson when `explore`, else greedy, FLAT's E[Q]
+        raised by `flat_margin`: trainer.agent.act.flat_bonus)."""
         logits = self.online(obs, env_state)
-        return select_actions(logits, self.online.support, self.online.action_mask, explore, self.thompson_scale())
+        return select_actions(logits, self.online.support, self.online.action_mask, explore, self.thompson_scale(),
+                              flat_margin)
 
-    def act_mirrored(self, obs: Tensor, env_state: Tensor, obs_reflected: Tensor, env_reflected: Tensor) -> Tensor:
+    def act_mirrored(self, obs: Tensor, env_state: Tensor, obs_reflected: Tensor, env_reflected: Tensor,
+                     flat_margin: float = 0.0) -> Tensor:
         """Greedy actions (B, n_branches) of the mirrored policy (AgentConfig.mirror, trainer.agent.act.mirrored_greedy)
         from the observation and the same observation of the reflected market."""
         net = self.online
-        return mirrored_greedy(net(obs, env_state), net(obs_reflected, env_reflected), net.support, net.action_mask)
+        return mirrored_greedy(net(obs, env_state), net(obs_reflected, env_reflected), net.support, net.action_mask,
+                               flat_margin)
 
     def thompson_scale(self) -> Tensor | float:
         """κ of the exploring draws at the current update step (AgentConfig.thompson_scale; device math)."""

@@ -68,8 +68,9 @@ class FoldResult:
     """Headline metrics of each baseline policy on the same window (trainer.folds.baselines)."""
     selection: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Model selection on the held-out slice (trainer/loop/select.py; empty when off): select_best_net_pnl,
-    select_best_t (t-statistic over the validation segments; None when they had no spread), select_best_step, select_validations, select_last_net_pnl, stood_aside, select_rows. Flattened into result.json's
-    top level."""
+    select_best_t (t-statistic over the validation segments; None when they had no spread), select_best_step,
+    select_validations, select_last_net_pnl, stood_aside, select_rows; with LoopConfig.max_exposure < 1 also what
+    Selector.calibrate found (select_margin, select_time_in_market, ...). Flattened into result.json's top level."""
 
     def to_json(self) -> dict[str, Any]:
         record = dataclasses.asdict(self)

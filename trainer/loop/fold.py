@@ -96,13 +96,15 @@ def fold_inputs(cfg: TrainConfig, raw: np.ndarray, names: list[str], tape: Decis
     return features, [*names, FORECAST_COLUMN], reflected
 
 
-def mirrored_policy(learner: Learner, n_features: int):
+def mirrored_policy(learner: Learner, n_features: int, flat_margin: float = 0.0):
     """The greedy policy of AgentConfig.mirror as a `Policy` over observations of 2F columns: the fold's inputs, then
-    the reflected market's (FoldTrainer.policy_features); the env state is reflected with ENV_REFLECTION."""
+    the reflected market's (FoldTrainer.policy_features); the env state is reflected with ENV_REFLECTION. FLAT's
+    score is raised by `flat_margin` (LoopConfig.max_exposure)."""
     signs = torch.tensor(ENV_REFLECTION, device=learner.device)  # (ENV_FEATURES,)
 
     def policy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
-        return learner.act_mirrored(obs[..., :n_features], env_state, obs[..., n_features:], env_state * signs)
+        return learner.act_mirrored(obs[..., :n_features], env_state, obs[..., n_features:], env_state * signs,
+                                    flat_margin)
 
     return policy
 
@@ -285,20 +287,22 @@ class FoldTrainer:
     def _validate(self) -> None:
         self.log.event("validate", env_step=self.env_step, **self.selector.validate(self.env_step))
 
-    def _greedy(self):
-        """The greedy policy over `policy_features` windows: argmax E[Q], or its mirrored form (AgentConfig.mirror)."""
+    def _greedy(self, flat_margin: float = 0.0):
+        """The greedy policy over `policy_features` windows: argmax E[Q], or its mirrored form (AgentConfig.mirror),
+        FLAT's score raised by `flat_margin`."""
         if self.agent_cfg.mirror:
-            return mirrored_policy(self.learner, self.features.shape[1])
+            return mirrored_policy(self.learner, self.features.shape[1], flat_margin)
 
         def greedy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
-            return self.learner.act(obs, env_state, explore=False)
+            return self.learner.act(obs, env_state, explore=False, flat_margin=flat_margin)
 
         return greedy
 
     def deployed_policy(self):
         """The policy that goes to out-of-sample evaluation, over `policy_features` windows: greedy (argmax E[Q], or
         its mirrored form) with the selected weights loaded into the online net, or always FLAT when model
-        selection stood aside (trainer/loop/select.py)."""
+        selection stood aside (trainer/loop/select.py). Under LoopConfig.max_exposure < 1 the greedy policy stands
+        aside by the margin calibrated on the held-out slice (Selector.calibrate; computed once, then reused)."""
         self.learner.online.eval()
         if self.selector is not None:
             self.selector.load_best()
@@ -309,6 +313,10 @@ class FoldTrainer:
                     return a
 
                 return stand_aside
+            if self.cfg.loop.max_exposure < 1.0:
+                if not self.selector.exposure:
+                    self.selector.calibrate(self._greedy, self.cfg.loop.max_exposure)
+                return self._greedy(self.selector.exposure["select_margin"])
 
         return self._greedy()
 
