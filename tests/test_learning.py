@@ -86,9 +86,10 @@ def test_a_trading_agent_on_the_signal_zero_control_shows_no_edge_over_three_fol
     the inventory penalty, model selection (which stands aside there) and κ), and the control statistics still show
     no edge, two-sided. The run is judged as a control (`--control` itself)."""
     run = tmp_path / "signal0"
-    # the smoke preset of before κ, selection and the penalty (docs/RESULTS.md): plain Thompson draws, 1,500 steps
+    # the smoke preset of before κ, selection, the penalty, the mirror and the exposure cap (docs/RESULTS.md): plain
+    # Thompson draws, 1,500 steps
     _walk_forward(tmp_path, run, 0.0, "--sim.inventory-penalty", "0", "--loop.select-frac", "0",
-                  "--agent.thompson-scale", "1", "--n-steps", "1500")
+                  "--loop.max-exposure", "1", "--agent.no-mirror", "--agent.thompson-scale", "1", "--n-steps", "1500")
     rep = subprocess.run([sys.executable, "-m", "trainer.report", "--run-dir", str(run), "--control", str(run)],
                          capture_output=True, text=True, timeout=300)
     assert rep.returncode == 0, rep.stderr[-2000:]
