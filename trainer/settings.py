@@ -40,7 +40,7 @@ PRESETS: Mapping[str, Mapping[str, Mapping[str, Any]]] = MappingProxyType({
     # (docs/agent.md); the GPU preset uses Mamba.
     # Learning settings as h100's (docs/RESULTS.md), plus a price on exposure: 0.6 reward units per step at full
     # position (docs/RESULTS.md §4). Mirrored decisions and an exposure cap of 0.6 on the held-out slice (§9): on the
-    # demo market every gate passed on 5 of 5 seeds (win rate 0.65–0.78, time in market 0.32–0.60), where the
+    # demo market every gate passed on 5 of 5 seeds (win rate 0.61–0.78, time in market 0.32–0.60), where the
     # penalty alone passed on 1 of 3 (fold-to-fold exposure 0.50–0.84). 1,000 steps: the README main job trains the
     # control market too and stays a few minutes on 2 cores.
     "smoke": {
