@@ -176,3 +176,17 @@ def test_calibrate_keeps_a_policy_already_under_the_cap_as_it_is(selector):
     assert selector.calibrate(lambda m: threshold_policy(20.0 + m), 0.5) == 0.0
     s = selector.summary()
     assert (s["select_margin_probes"], s["select_time_in_market"]) == (1, 17 / 36)
+
+
+def test_the_exposure_cap_is_in_the_checkpoint_fingerprint_and_needs_the_slice():
+    from trainer.loop.config import fingerprint_config, preset
+
+    base = preset("smoke")
+    a, b = (fingerprint_config(base.replace(loop={"max_exposure": x}).to_dict()) for x in (0.6, 0.5))
+    assert a["loop"]["max_exposure"] == 0.6 and b["loop"]["max_exposure"] == 0.5 and a != b
+    for bad in (0.0, 1.5, float("nan")):
+        with pytest.raises(ValueError, match="max_exposure"):
+            base.replace(loop={"max_exposure": bad})
+    with pytest.raises(ValueError, match="select_frac > 0"):
+        base.replace(loop={"select_frac": 0.0})
+    assert base.replace(loop={"select_frac": 0.0, "max_exposure": 1.0}).loop.max_exposure == 1.0
