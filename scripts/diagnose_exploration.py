@@ -39,9 +39,11 @@ def main() -> int:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--fxcache", default="/tmp/alpha-rl-diag-fxcache")
     args = p.parse_args()
+    # Training's exploration only: no selection (so no exposure cap) and no mirrored decisions, which act at decision
+    # time, not in training.
     cfg = preset("smoke").replace(data=args.data, loop={"n_steps": args.n_steps, "seed": args.seed,
-                                                        "select_frac": 0.0},
-                                  agent={"thompson_scale": 1.0})
+                                                        "select_frac": 0.0, "max_exposure": 1.0},
+                                  agent={"thompson_scale": 1.0, "mirror": False})
     fs, _ = load_or_build(cfg.data, cfg.features, Path(args.fxcache))
     train_w, _ = fold_windows(walk_forward_windows(fs.raw.shape[0], 3), 0)
     features = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw)

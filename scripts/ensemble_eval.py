@@ -10,7 +10,9 @@ CPU: the check that the weights and inputs are the ones evaluated in training; a
 (always FLAT when every seed stood aside). Averaging independently trained value estimates lowers the variance of
 each greedy decision (Averaged-/Ensemble-DQN); docs/RESULTS.md §8 says whether it pays here. `--mirror` scores the
 same decisions as AgentConfig.mirror does (each action with its mirror in the reflected market), for runs trained
-without it: how §8 first measured the mirror, before the option existed.
+without it: how §8 first measured the mirror, before the option existed. It applies no stand-aside margin
+(LoopConfig.max_exposure, §9): runs with the cap on (the presets since §9) are re-evaluated without it, so their
+result.json is not reproduced; pass `--flags "--loop.max-exposure 1"` when training runs meant for this script.
 
     python scripts/experiment.py --out DIR --preset smoke --data SPEC --seeds 0,1,2 --variant base=FLAGS
     python scripts/ensemble_eval.py --dir DIR/base --preset smoke --data SPEC --seeds 0,1,2 --flags "FLAGS"

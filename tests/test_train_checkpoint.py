@@ -452,19 +452,19 @@ def _fold_trainer_for(run_dir: Path, fxcache: Path):
     from trainer.checkpoint.resume import fingerprint, tensor_layout
     from trainer.cli import parse
     from trainer.features.cache import load_or_build
-    from trainer.features.compute import Normaliser
     from trainer.folds.windows import fold_windows, walk_forward_windows
     from trainer.loop.config import fingerprint_config
-    from trainer.loop.fold import FoldTrainer, Window
+    from trainer.loop.fold import FoldTrainer, Window, fold_inputs
     from trainer.loop.log import JsonLog
 
     cfg = parse(train_cmd(run_dir, fxcache)[3:]).config
     fs, skipped = load_or_build(cfg.data, cfg.features, fxcache)
     assert skipped  # the baseline built the cache
     train_w, _ = fold_windows(walk_forward_windows(fs.raw.shape[0], cfg.folds.folds), 0)
-    features = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw)
+    window = Window(train_w.start, train_w.stop)
+    features, _, reflected = fold_inputs(cfg, fs.raw, list(fs.names), fs.decision, window)  # as train.py builds them
     quiet = JsonLog(0, out=io.StringIO(), err=io.StringIO())
-    trainer = FoldTrainer(cfg, features, fs.decision, Window(train_w.start, train_w.stop), 0, quiet)
+    trainer = FoldTrainer(cfg, features, fs.decision, window, 0, quiet, reflected=reflected)
     fp = fingerprint(fingerprint_config(cfg.to_dict()), fs.key, tensor_layout(trainer.state_dict()))
     return trainer, fp
 
