@@ -75,6 +75,7 @@ def test_a_lobster_training_run_charges_the_us_equity_schedule_and_run_json_says
     for fees, run in (("venue", tmp_path / "venue"), ("manual", tmp_path / "manual")):
         cmd = [sys.executable, "-m", "trainer.train", "--run-dir", str(run), "--fold", "0", "--folds", "3",
                "--data", spec, "--preset", "smoke", "--n-steps", "40", "--loop.select-frac", "0",
+               "--loop.max-exposure", "1",
                "--sim.fees", fees, "--fxcache", str(tmp_path / "fxcache")]
         proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=600)
         assert proc.returncode == 0, proc.stderr[-2000:]

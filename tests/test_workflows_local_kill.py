@@ -27,10 +27,10 @@ PROCS = Path(__file__).resolve().parent / "procs"
 DATA = "synthetic:seed=3,days=2,signal=2"
 CASES = {
     "non_finite": {"agent": {"lr": 1e6}},
-    # the smoke preset of before κ, model selection and the inventory penalty (docs/RESULTS.md): the run this case
-    # was measured on
-    "q_drift": {"agent": {"lr": 1.0, "v_min": -1000.0, "v_max": 1000.0, "thompson_scale": 1.0},
-                "sim": {"inventory_penalty": 0.0}, "loop": {"select_frac": 0.0}},
+    # the smoke preset of before κ, model selection, the inventory penalty, the mirror and the exposure cap
+    # (docs/RESULTS.md): the run this case was measured on
+    "q_drift": {"agent": {"lr": 1.0, "v_min": -1000.0, "v_max": 1000.0, "thompson_scale": 1.0, "mirror": False},
+                "sim": {"inventory_penalty": 0.0}, "loop": {"select_frac": 0.0, "max_exposure": 1.0}},
     "grad_collapse": {"agent": {"kill_collapse_eps": 1e6, "kill_collapse_updates": 20, "kill_warmup_updates": 50}},
 }
 
