@@ -308,7 +308,7 @@ def test_the_fold_deploys_the_stand_aside_margin_calibrated_on_the_held_out_slic
     cfg = preset("smoke").replace(
         sim={"n_envs": 8}, agent={"batch_size": 16, "window": 8, "d_model": 16, "mirror": False},
         loop={"device": "cpu", "learning_starts": 4, "n_steps": 12, "log_every": 12, "select_frac": 0.2,
-              "select_every": 6, "max_exposure": 0.3})
+              "select_every": 6, "max_exposure": 0.3, "exposure_gain": 0.0})
     with pytest.raises(ValueError, match="select_frac"):
         cfg.replace(loop={"select_frac": 0.0})  # the cap is calibrated on the slice
     tape = random_decision_tape(rows, levels=10, radius=16, seed=2)
@@ -331,3 +331,13 @@ def test_the_fold_deploys_the_stand_aside_margin_calibrated_on_the_held_out_slic
     assert torch.equal(capped, fold._greedy(s["select_margin"])(obs, env))
     changed = capped[:, 0] != free[:, 0]
     assert changed.any() and (capped[changed, 0] == FLAT).all()
+    # LoopConfig.exposure_gain: the same fold deploys a controller that starts from that margin (trainer/loop/exposure)
+    from trainer.loop.exposure import ExposureController
+
+    fold.cfg = fold.cfg.replace(loop={"exposure_gain": 0.05})
+    controlled = fold.deployed_policy()
+    assert isinstance(controlled, ExposureController) and controlled.margin0 == s["select_margin"]
+    controlled.start(torch.arange(100, 356))
+    env[:, 0] = 0.0  # flat: the first decision lowers every margin by gain x cap
+    want = fold._greedy(torch.full((256,), max(0.0, s["select_margin"] - 0.05 * 0.3)))(obs, env)
+    assert torch.equal(controlled(obs, env), want)

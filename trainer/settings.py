@@ -150,6 +150,14 @@ class LoopConfig:
     then takes or keeps a position only where it beats going flat by more than m: its most confident calls. A cap,
     never a floor: a policy already under it keeps m = 0, and a fold that stands aside still does. 1.0 turns it
     off; below 1 needs `select_frac` > 0. docs/RESULTS.md §9."""
+    exposure_gain: float = 0.0
+    """Out of sample, keep the cap causally (trainer/loop/exposure.py): starting from the slice's margin, the margin
+    in force at each decision moves by this × (held − max_exposure), held being 1 while the policy holds a position
+    at that decision and 0 while flat, and never goes below 0. E[Q] units per step. The margin at a row depends only
+    on what the policy did before it, so the cap follows the evaluation window's own exposure instead of the slice's
+    (a 130-row slice can be in the market 0.99 of its steps where the window's free policy is 0.65: docs/RESULTS.md
+    §10). 0 turns it off (the slice's margin throughout); with `max_exposure` 1 there is no cap to keep and it does
+    nothing."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.select_frac < 1.0:
@@ -162,6 +170,8 @@ class LoopConfig:
         if self.max_exposure < 1.0 and self.select_frac == 0.0:
             raise ValueError(f"LoopConfig.max_exposure={self.max_exposure} is calibrated on the held-out slice: it "
                              f"needs select_frac > 0 (or max_exposure 1: off)")
+        if not (math.isfinite(self.exposure_gain) and self.exposure_gain >= 0.0):
+            raise ValueError(f"LoopConfig.exposure_gain must be finite and >= 0, got {self.exposure_gain!r}")
         for name in ("n_steps", "log_every", "checkpoint_every", "select_every", "select_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)!r}")

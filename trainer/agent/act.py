@@ -52,12 +52,13 @@ def thompson_scale_at(update_step: Tensor, start: float, final: float, anneal_up
     return start + (final - start) * frac
 
 
-def flat_bonus(score: Tensor, margin: float) -> Tensor:
+def flat_bonus(score: Tensor, margin: Tensor | float) -> Tensor:
     """score (B, n_branches, A_max) with `margin` added to the direction branch's FLAT: a position is then opened
     or kept only where some way of holding one (SHORT, LONG, or HOLD while in a position) scores more than going flat
-    by over the margin. The stand-aside margin of LoopConfig.max_exposure (trainer/loop/select.py calibrates it);
-    0 returns `score` itself."""
-    if margin == 0.0:
+    by over the margin. The stand-aside margin of LoopConfig.max_exposure (trainer/loop/select.py calibrates it):
+    one float for every env, or a (B,) tensor, one margin per env (trainer/loop/exposure.py); the float 0 returns
+    `score` itself."""
+    if isinstance(margin, float) and margin == 0.0:
         return score
     score = score.clone()
     score[:, 0, FLAT] += margin
@@ -65,11 +66,11 @@ def flat_bonus(score: Tensor, margin: float) -> Tensor:
 
 
 def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore: bool,
-                   noise_scale: Tensor | float = 1.0, flat_margin: float = 0.0) -> Tensor:
+                   noise_scale: Tensor | float = 1.0, flat_margin: Tensor | float = 0.0) -> Tensor:
     """logits (B, n_branches, A_max, N); support (N,); action_mask (n_branches, A_max) bool.
     Returns actions (B, n_branches) int64: Thompson draws shrunk by `noise_scale` towards E[Q] when `explore`
     (see the module docstring), else argmax E[Q], FLAT's score raised by `flat_margin` (`flat_bonus`; greedy only)."""
-    if explore and flat_margin != 0.0:
+    if explore and (isinstance(flat_margin, Tensor) or flat_margin != 0.0):
         raise ValueError("flat_margin applies to greedy decisions only (explore=False)")
     if not explore:
         score = flat_bonus(expected_q(logits, support), flat_margin)  # (B, nb, A_max)
@@ -91,7 +92,7 @@ def mirror_directions(q: Tensor) -> Tensor:
 
 
 def mirrored_greedy(logits: Tensor, logits_reflected: Tensor, support: Tensor, action_mask: Tensor,
-                    flat_margin: float = 0.0) -> Tensor:
+                    flat_margin: Tensor | float = 0.0) -> Tensor:
     """Greedy actions (B, n_branches) on the mean of each action's E[Q] in the observed market and of its mirror's
     E[Q] in the reflected one (AgentConfig.mirror): a policy with no preferred direction of its own. logits: the
     network on the observation; logits_reflected: on the reflected observation and env state. FLAT's score is

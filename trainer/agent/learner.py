@@ -100,7 +100,7 @@ class Learner:
 
     # ----------------------------------------------------------------------------------------------
     @torch.no_grad()
-    def act(self, obs: Tensor, env_state: Tensor, explore: bool, flat_margin: float = 0.0) -> Tensor:
+    def act(self, obs: Tensor, env_state: Tensor, explore: bool, flat_margin: Tensor | float = 0.0) -> Tensor:
         """Actions (B, n_branches) int64 from the online net (Thompson when `explore`, else greedy, FLAT's E[Q]
         raised by `flat_margin`: trainer.agent.act.flat_bonus)."""
         logits = self.online(obs, env_state)
@@ -108,7 +108,7 @@ class Learner:
                               flat_margin)
 
     def act_mirrored(self, obs: Tensor, env_state: Tensor, obs_reflected: Tensor, env_reflected: Tensor,
-                     flat_margin: float = 0.0) -> Tensor:
+                     flat_margin: Tensor | float = 0.0) -> Tensor:
         """Greedy actions (B, n_branches) of the mirrored policy (AgentConfig.mirror, trainer.agent.act.mirrored_greedy)
         from the observation and the same observation of the reflected market."""
         net = self.online

@@ -63,6 +63,8 @@ def _segments(policy: Policy, features: torch.Tensor, sim: Simulator, start_rows
               window: int, start: int, stop: int) -> tuple[dict, dict]:
     """(stats after the closing FLAT step, stats before it) of the segment backtests."""
     state = sim.reset(start, stop, min_history=window - 1, start_rows=start_rows)
+    if hasattr(policy, "start"):  # a stateful policy (trainer.loop.exposure.ExposureController)
+        policy.start(start_rows)
     for _ in range(steps):
         obs = _gather(features, sim.obs_rows(state), window)
         sim.step(state, policy(obs, sim.env_features(state)))
@@ -102,6 +104,8 @@ def _continuous(policy: Policy, features: torch.Tensor, sim: Simulator, first: i
     """One env over the whole window: (stats, equity (steps+1,), position (steps+1,), decision position (steps,))."""
     dev = features.device
     state = sim.reset(start, stop, min_history=window - 1, start_rows=torch.tensor([first], device=dev))
+    if hasattr(policy, "start"):  # a stateful policy records this pass (trainer.loop.exposure.ExposureController)
+        policy.start(torch.tensor([first], device=dev), record=True)
     equity = torch.empty(steps + 1, dtype=torch.float64, device=dev)  # (steps + 1,) filled on the device
     position = torch.empty(steps + 1, dtype=torch.int64, device=dev)
     held = torch.empty(steps, dtype=torch.int64, device=dev)  # (steps,) q_t of the mid edge
@@ -153,10 +157,14 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
     seg_len = span // n_seg
     seg_sim = Simulator(tape, dataclasses.replace(sim_cfg, n_envs=n_seg), device)
     starts = first + torch.arange(n_seg, device=device, dtype=torch.int64) * seg_len
-    seg, seg_policy = _segments(policy, features, seg_sim, starts, seg_len, window, start, stop)
-
     one_sim = Simulator(tape, dataclasses.replace(sim_cfg, n_envs=1), device)
-    cont, equity, position, held = _continuous(policy, features, one_sim, first, span, window, start, stop)
+    # A stateful policy (with `start`) runs the continuous pass first: the segments start from what it recorded.
+    # Stateless policies keep the original order (the random baseline's draws depend on it).
+    if hasattr(policy, "start"):
+        cont, equity, position, held = _continuous(policy, features, one_sim, first, span, window, start, stop)
+    seg, seg_policy = _segments(policy, features, seg_sim, starts, seg_len, window, start, stop)
+    if not hasattr(policy, "start"):
+        cont, equity, position, held = _continuous(policy, features, one_sim, first, span, window, start, stop)
     equity = equity - equity[0]
     rows = slice(first, first + span + 1)
     mid_x2 = np.asarray(tape.bid_px[rows, 0], dtype=np.int64) + np.asarray(tape.ask_px[rows, 0], dtype=np.int64)

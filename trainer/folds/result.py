@@ -70,7 +70,9 @@ class FoldResult:
     """Model selection on the held-out slice (trainer/loop/select.py; empty when off): select_best_net_pnl,
     select_best_t (t-statistic over the validation segments; None when they had no spread), select_best_step,
     select_validations, select_last_net_pnl, stood_aside, select_rows; with LoopConfig.max_exposure < 1 also what
-    Selector.calibrate found (select_margin, select_time_in_market, ...). Flattened into result.json's top level."""
+    Selector.calibrate found (select_margin, select_time_in_market, ...), and with LoopConfig.exposure_gain > 0 the
+    margins the out-of-sample controller used (eval_margin_mean, ...: trainer/loop/exposure.py). Flattened into
+    result.json's top level."""
 
     def to_json(self) -> dict[str, Any]:
         record = dataclasses.asdict(self)
@@ -102,7 +104,8 @@ def evaluate_fold(trainer: FoldTrainer, fs: FeatureSet, cfg: TrainConfig, train_
         env_steps=trainer.env_step, update_steps=trainer.update_step,
         transitions=trainer.env_step * cfg.sim.n_envs, weights_sha256=trainer.weights_hash, feature_key=fs.key,
         wall_seconds=round(trainer.wall_seconds, 3), checkpoint_seconds=round(checkpoint_seconds, 3),
-        fold_mode=cfg.folds.fold_mode, baselines=baselines, selection=trainer.selection_summary())
+        fold_mode=cfg.folds.fold_mode, baselines=baselines,
+        selection={**trainer.selection_summary(), **(greedy.summary() if hasattr(greedy, "summary") else {})})
     return result, res.equity
 
 

@@ -27,6 +27,7 @@ from trainer.agent.replay import NStepAccumulator, PrioritizedReplay, effective_
 from trainer.features.compute import Normaliser, reflection_signs
 from trainer.features.decision import DecisionTape
 from trainer.loop.config import TrainConfig
+from trainer.loop.exposure import ExposureController
 from trainer.loop.log import JsonLog, eta_text
 from trainer.loop.select import Selector, split_validation
 from trainer.loop.step import GraphedStep, StepMetrics, TrainStep
@@ -96,7 +97,7 @@ def fold_inputs(cfg: TrainConfig, raw: np.ndarray, names: list[str], tape: Decis
     return features, [*names, FORECAST_COLUMN], reflected
 
 
-def mirrored_policy(learner: Learner, n_features: int, flat_margin: float = 0.0):
+def mirrored_policy(learner: Learner, n_features: int, flat_margin: torch.Tensor | float = 0.0):
     """The greedy policy of AgentConfig.mirror as a `Policy` over observations of 2F columns: the fold's inputs, then
     the reflected market's (FoldTrainer.policy_features); the env state is reflected with ENV_REFLECTION. FLAT's
     score is raised by `flat_margin` (LoopConfig.max_exposure)."""
@@ -287,7 +288,7 @@ class FoldTrainer:
     def _validate(self) -> None:
         self.log.event("validate", env_step=self.env_step, **self.selector.validate(self.env_step))
 
-    def _greedy(self, flat_margin: float = 0.0):
+    def _greedy(self, flat_margin: torch.Tensor | float = 0.0):
         """The greedy policy over `policy_features` windows: argmax E[Q], or its mirrored form (AgentConfig.mirror),
         FLAT's score raised by `flat_margin`."""
         if self.agent_cfg.mirror:
@@ -302,7 +303,9 @@ class FoldTrainer:
         """The policy that goes to out-of-sample evaluation, over `policy_features` windows: greedy (argmax E[Q], or
         its mirrored form) with the selected weights loaded into the online net, or always FLAT when model
         selection stood aside (trainer/loop/select.py). Under LoopConfig.max_exposure < 1 the greedy policy stands
-        aside by the margin calibrated on the held-out slice (Selector.calibrate; computed once, then reused)."""
+        aside by the margin calibrated on the held-out slice (Selector.calibrate; computed once, then reused), and with
+        LoopConfig.exposure_gain > 0 that margin is where an ExposureController (trainer/loop/exposure.py) starts:
+        a new one, with a fresh state, at every call."""
         self.learner.online.eval()
         if self.selector is not None:
             self.selector.load_best()
@@ -316,7 +319,11 @@ class FoldTrainer:
             if self.cfg.loop.max_exposure < 1.0:
                 if not self.selector.exposure:
                     self.selector.calibrate(self._greedy, self.cfg.loop.max_exposure)
-                return self._greedy(self.selector.exposure["select_margin"])
+                margin = self.selector.exposure["select_margin"]
+                if self.cfg.loop.exposure_gain > 0.0:  # the cap kept out of sample, causally
+                    return ExposureController(self._greedy, margin, self.cfg.loop.max_exposure,
+                                              self.cfg.loop.exposure_gain)
+                return self._greedy(margin)
 
         return self._greedy()
 
