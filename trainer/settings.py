@@ -43,7 +43,7 @@ PRESETS: Mapping[str, Mapping[str, Mapping[str, Any]]] = MappingProxyType({
     # demo market every gate passed on 5 of 5 seeds (win rate 0.61–0.78, time in market 0.32–0.60), where the
     # penalty alone passed on 1 of 3 (fold-to-fold exposure 0.50–0.84). The cap kept out of sample by a causal
     # controller, exposure_gain 0.01 (§10): on the demo market and the slow test's, 5 seeds each, both gates on 30 of
-    # 30 runs (29 of 30 with the slice's fixed margin), time in market 0.50–0.60, net +20 % on each market.
+    # 30 runs (26 of 30 with the slice's fixed margin), time in market 0.50–0.60, net +20 % on each market.
     # 1,000 steps: the README main job trains the control market too and stays a few minutes on 2 cores.
     "smoke": {
         "sim": {"n_envs": 64, "inventory_penalty": 0.6},
