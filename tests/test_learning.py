@@ -54,7 +54,7 @@ def test_smoke_preset_beats_the_ofi_rule_on_every_fold_of_the_strong_signal_mark
     """The issue's must-show on the CPU smoke budget, with the smoke preset as it is (κ 0.2, model selection on the
     last 20 % of each training window, inventory penalty 0.6, mirrored decisions, exposure cap 0.6 kept out of
     sample by the causal controller, 1,000 steps; docs/RESULTS.md §10: on 5 seeds of this market it beat the OFI
-    rule on 15 of 15 runs, so one seed on any machine should too): on the README demo's
+    rule on 15 of 15 runs on one box, where the fixed margin did on 13): on the README demo's
     strong-signal market (signal 3) the agent nets more than the OFI rule on every fold; the same config on
     `signal=0`, laid out as the run's control (RUN/control/fold<N>), finds no edge and the guard says so. "The OFI
     rule" is the issue's, `ofi_rule`, one contract. At the agent's own position limit (`ofi_rule_max`) the rule nets
