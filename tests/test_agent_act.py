@@ -196,6 +196,11 @@ def test_flat_margin_stands_aside_unless_a_position_beats_flat_by_more_than_the_
     assert select_actions(logits, support, mask, explore=False, flat_margin=0.35)[:, 1].tolist() == [1, 1, 1]
     with pytest.raises(ValueError, match="greedy"):
         select_actions(logits, support, mask, explore=True, flat_margin=0.1)
+    # one margin per env (trainer/loop/exposure.py): row 0 at 0.35 (FLAT), row 1 at 0 (HOLD), row 2 at 0.2 (FLAT)
+    assert directions(torch.tensor([0.35, 0.0, 0.2])) == [FLAT, HOLD, FLAT]
+    assert directions(torch.tensor([0.2, 0.1, 0.0])) == [LONG, HOLD, FLAT]  # 0.75 + 0.1 < 0.9
+    with pytest.raises(ValueError, match="greedy"):
+        select_actions(logits, support, mask, explore=True, flat_margin=torch.zeros(3))
 
 
 def test_mirrored_greedy_with_a_flat_margin_compares_the_mirrored_scores_with_flat():

@@ -22,11 +22,17 @@ replays with fresh numbers through PyTorch's graph-safe Philox offsets).
 """
 from __future__ import annotations
 
+from typing import Callable
+
 import torch
 from torch import Tensor
 
 from trainer.agent.network import expected_q
 from trainer.sim.actions import FLAT, LONG, SHORT
+
+Policy = Callable[[Tensor, Tensor], Tensor]
+"""policy(obs (B, W, F), env_state (B, S)) -> actions (B, n_branches) int64: what evaluation, the baselines and the
+exposure controller (trainer/loop/exposure.py) run."""
 
 
 def thompson_returns(logits: Tensor, support: Tensor) -> Tensor:

@@ -16,11 +16,11 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from typing import Callable
 
 import numpy as np
 import torch
 
+from trainer.agent.act import Policy
 from trainer.features.decision import DecisionTape
 from trainer.folds.metrics import (TRADING_DAYS_PER_YEAR, bar_returns, bars_per_day, day_pnls, edge_stats, edge_sums,
                                    entropy_nats, equity_metrics, holding_time, mid_edge, trade_pnls)
@@ -28,8 +28,6 @@ from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, Simulator, SimConfig
 from trainer.settings import EvalConfig  # defined with the torch-free sections of the config tree
 from trainer.sim.actions import DIRECTION_NAMES
 
-# policy(obs (B, W, F), env_state (B, S)) -> actions (B, n_branches) int64
-Policy = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
 
 HEADLINE = ("win_rate", "net_pnl", "gross_pnl", "fees", "trades", "sharpe", "max_drawdown", "hold_frac",
             "time_in_market", "mean_holding_seconds", "turnover_contracts", "mid_edge", "mid_edge_tstat", "mid_hit_rate",
@@ -160,10 +158,11 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
     one_sim = Simulator(tape, dataclasses.replace(sim_cfg, n_envs=1), device)
     # A stateful policy (with `start`) runs the continuous pass first: the segments start from what it recorded.
     # Stateless policies keep the original order (the random baseline's draws depend on it).
-    if hasattr(policy, "start"):
+    stateful = hasattr(policy, "start")
+    if stateful:
         cont, equity, position, held = _continuous(policy, features, one_sim, first, span, window, start, stop)
     seg, seg_policy = _segments(policy, features, seg_sim, starts, seg_len, window, start, stop)
-    if not hasattr(policy, "start"):
+    if not stateful:
         cont, equity, position, held = _continuous(policy, features, one_sim, first, span, window, start, stop)
     equity = equity - equity[0]
     rows = slice(first, first + span + 1)

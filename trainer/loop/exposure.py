@@ -29,7 +29,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-Policy = Callable[[Tensor, Tensor], Tensor]  # (obs (B, W, F), env_state (B, S)) -> actions (B, n_branches)
+from trainer.agent.act import Policy
+
 POSITION_COLUMN = 0
 """trainer.sim.engine.Simulator.env_features: column 0 is position / max_position (0 exactly when flat)."""
 
