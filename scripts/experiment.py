@@ -4,7 +4,11 @@ parallel, then one table per variant against the OFI rule (docs/RESULTS.md keeps
     python scripts/experiment.py --out DIR --data synthetic --preset smoke --seeds 0,1 --workers 8 \
         --variant base= --variant k02="--agent.thompson-scale 0.2"
 
-Each variant is NAME=FLAGS (extra trainer flags, shell-quoted). Results land in DIR/NAME/seed<S>/fold<N>/result.json;
+Each variant is NAME=FLAGS (extra trainer flags, shell-quoted). An evaluation variant, `--eval-variant
+NAME=BASE:FLAGS`, trains nothing: each of its runs evaluates BASE's trained fold of the same seed (`python -m
+trainer.train --evaluate-from`) with BASE's flags plus FLAGS, which may change only deployment and evaluation fields
+(trainer.settings.EVALUATION_ONLY); the same weights under another deployment rule, so the comparison with BASE is
+paired. They run after every training run. Results land in DIR/NAME/seed<S>/fold<N>/result.json;
 the table (stdout and DIR/table.md) gives per variant: net PnL per fold (mean over seeds), the OFI rule's net on the
 same windows at one contract and at the agent's position limit (`ofi_rule_max`, the size-matched comparison), win rate,
 trades, time in market, folds stood aside, and how many (seed, fold) runs beat each rule; for runs with the forecast
@@ -26,11 +30,16 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.report import GateConfig  # noqa: E402
 
 
-def run_one(out: Path, name: str, flags: str, seed: int, fold: int, args) -> tuple[str, int, int, int, float]:
+def run_one(out: Path, name: str, flags: str, seed: int, fold: int, args,
+            base: str | None = None) -> tuple[str, int, int, int, float]:
+    """One `python -m trainer.train` process: train and evaluate (seed, fold) of variant `name`, or, with `base`,
+    evaluate base's trained fold under `flags` (--evaluate-from)."""
     run_dir = out / name / f"seed{seed}"
     cmd = [sys.executable, "-m", "trainer.train", "--run-dir", str(run_dir), "--fold", str(fold), "--folds",
            str(args.folds), "--data", args.data, "--preset", args.preset, "--seed", str(seed),
            "--fxcache", str(out / "fxcache"), *shlex.split(flags)]
+    if base is not None:
+        cmd += ["--evaluate-from", str(out / base / f"seed{seed}" / f"fold{fold}")]
     if args.n_steps:
         cmd += ["--n-steps", str(args.n_steps)]
     t0 = time.time()
@@ -98,10 +107,21 @@ def main() -> int:
     p.add_argument("--seeds", default="0")
     p.add_argument("--n-steps", type=int, default=0)
     p.add_argument("--workers", type=int, default=2)
-    p.add_argument("--variant", action="append", required=True, help="NAME=FLAGS")
+    p.add_argument("--variant", action="append", default=[], help="NAME=FLAGS")
+    p.add_argument("--eval-variant", action="append", default=[],
+                   help="NAME=BASE:FLAGS: BASE's trained folds evaluated with BASE's flags plus FLAGS")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant)
+    evals = {}  # NAME -> (BASE, FLAGS)
+    for v in args.eval_variant:
+        name, rest = v.split("=", 1)
+        base, _, flags = rest.partition(":")
+        if base not in variants:
+            p.error(f"--eval-variant {name}: its base {base!r} is not a --variant of this invocation")
+        evals[name] = (base, f"{variants[base]} {flags}")
+    if not variants:
+        p.error("at least one --variant")
     seeds = [int(s) for s in args.seeds.split(",")]
     args.out.mkdir(parents=True, exist_ok=True)
     if not args.table_only:
@@ -113,11 +133,16 @@ def main() -> int:
         for data in sorted(datas):
             subprocess.check_call([sys.executable, "-m", "trainer.features", "--data", data, "--cache-dir",
                                    str(args.out / "fxcache")], stdout=subprocess.DEVNULL)
-        jobs = [(n, f, s, k) for n, f in variants.items() for s in seeds for k in range(args.folds)]
+        # Seed-major: a call cut off by its time limit leaves every variant of the seeds it reached.
+        jobs = [(n, f, s, k) for s in seeds for n, f in variants.items() for k in range(args.folds)]
         with ThreadPoolExecutor(args.workers) as pool:
             for name, seed, fold, rc, sec in pool.map(lambda j: run_one(args.out, *j, args), jobs):
                 print(f"{name} seed{seed} fold{fold} rc={rc} {sec:.0f}s", flush=True)
-    text = table(args.out, variants, seeds, args.folds)
+        jobs = [(n, f, s, k, b) for s in seeds for n, (b, f) in evals.items() for k in range(args.folds)]
+        with ThreadPoolExecutor(args.workers) as pool:
+            for name, seed, fold, rc, sec in pool.map(lambda j: run_one(args.out, *j[:4], args, base=j[4]), jobs):
+                print(f"{name} seed{seed} fold{fold} rc={rc} {sec:.0f}s", flush=True)
+    text = table(args.out, {**variants, **{n: f for n, (_, f) in evals.items()}}, seeds, args.folds)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
     return 0

@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from trainer.agent.act import mirror_directions, mirrored_greedy, select_actions, thompson_returns
+from trainer.agent.act import held_margin, mirror_directions, mirrored_greedy, select_actions, thompson_returns
 from trainer.agent.c51 import make_support
 from trainer.agent.network import branch_action_mask
 
@@ -216,3 +216,38 @@ def test_mirrored_greedy_with_a_flat_margin_compares_the_mirrored_scores_with_fl
     assert mirrored_greedy(*args, flat_margin=0.9)[0, 0] == LONG
     assert mirrored_greedy(*args, flat_margin=1.1)[0, 0] == FLAT
     assert select_actions(args[0], support, mask, explore=False, flat_margin=1.1)[0, 0] == LONG
+
+
+def test_held_margin_scales_the_margin_only_where_a_position_is_held():
+    env = torch.zeros(4, 7)
+    env[:, 0] = torch.tensor([0.0, 1.0 / 3, -1.0, 0.0])  # position / max_position: flat, long 1, short 3, flat
+    assert held_margin(0.4, env, 1.0) == 0.4  # no hysteresis: the margin itself
+    assert held_margin(0.0, env, 0.5) == 0.0  # no margin: nothing to scale
+    assert torch.allclose(held_margin(0.4, env, 0.25), torch.tensor([0.4, 0.1, 0.1, 0.4]))
+    assert torch.equal(held_margin(0.4, env, 0.0), torch.tensor([0.4, 0.0, 0.0, 0.4]))
+    per_env = torch.tensor([0.2, 0.6, 0.8, 0.0])  # the controller's margins (trainer/loop/exposure.py)
+    assert torch.allclose(held_margin(per_env, env, 0.5), torch.tensor([0.2, 0.3, 0.4, 0.0]))
+
+
+def test_with_hysteresis_a_position_needs_the_margin_to_open_and_less_to_stay_open():
+    from trainer.sim import FLAT, HOLD, LONG, SHORT
+
+    support = make_support(-10.0, 10.0, 51)
+    mask = branch_action_mask((4, 3))
+    q = torch.zeros(2, 2, 4)
+    # both rows: the best way to hold a position leads FLAT by 0.15 (LONG 0.85 when flat; HOLD 0.85 when long)
+    q[:, 0, [SHORT, HOLD, LONG, FLAT]] = torch.tensor([[0.1, 0.2, 0.85, 0.7], [0.1, 0.85, 0.3, 0.7]])
+    q[:, 1, :3] = torch.tensor([0.0, 2.0, 1.0])
+    logits = _logits_for(q, support)
+    env = torch.zeros(2, 7)
+    env[1, 0] = 1.0  # row 1 holds a long position
+
+    def directions(margin: float, keep: float) -> list[int]:
+        m = held_margin(margin, env, keep)
+        return select_actions(logits, support, mask, explore=False, flat_margin=m)[:, 0].tolist()
+
+    assert directions(0.1, 1.0) == [LONG, HOLD]  # 0.7 + 0.1 < 0.85 both ways
+    assert directions(0.2, 1.0) == [FLAT, FLAT]  # 0.9 > 0.85: no entry, and the position is closed
+    assert directions(0.2, 0.5) == [FLAT, HOLD]  # kept: 0.7 + 0.1 < 0.85, while flat still does not enter
+    assert directions(0.4, 0.5) == [FLAT, FLAT]  # 0.7 + 0.2 > 0.85
+    assert directions(5.0, 0.0) == [FLAT, HOLD]  # keep 0: held until FLAT scores best outright

@@ -614,6 +614,94 @@ def test_fold_with_result_json_exits_0_at_once_and_touches_nothing(workdir, fxca
     assert {p.name: (p.stat().st_mtime_ns, p.read_bytes()) for p in fold_dir(baseline_dir).iterdir()} == before
 
 
+# ──────────────────────────────────────────────────────────────────────── 8. --evaluate-from: a trained fold redeployed
+
+DEPLOYMENT = ("--loop.select-min-net", "-1e12", "--loop.max-exposure", "0.3", "--loop.keep-margin-frac", "0")
+"""Deployment fields only (trainer.settings.EVALUATION_ONLY): never stand aside, a tighter cap, full hysteresis."""
+
+
+def _comparable(fold: Path) -> dict:
+    r = json.loads((fold / "result.json").read_text())
+    return {k: v for k, v in r.items() if k not in WALL_CLOCK_FIELDS | {"evaluated_from"}}
+
+
+def test_evaluate_from_redeploys_the_trained_weights_as_a_full_run_with_those_rules_would(workdir, fxcache, baseline):
+    """The same trained fold evaluated under other deployment rules gives what training from scratch with those rules
+    gives (deterministic CPU), and under the same rules what the trained run gave; it writes no checkpoint."""
+    baseline_dir, _ = baseline
+    same = workdir / "evaluate-same"
+    done = run_trainer(train_cmd(same, fxcache, "--evaluate-from", str(fold_dir(baseline_dir))))
+    assert done.rc == 0, done.stderr
+    assert done.one("evaluate_from")["checkpoint"].endswith(f"checkpoint-{N_STEPS:012d}.bin")
+    assert _comparable(fold_dir(same)) == _comparable(fold_dir(baseline_dir))
+    assert json.loads((fold_dir(same) / "result.json").read_text())["evaluated_from"] == str(fold_dir(baseline_dir))
+    assert np.array_equal(np.load(fold_dir(same) / "equity.npy"), np.load(fold_dir(baseline_dir) / "equity.npy"))
+    assert list_checkpoints(fold_dir(same)) == [] and done.named("checkpoint") == []
+
+    redeployed, trained = workdir / "evaluate-other", workdir / "trained-other"
+    done = run_trainer(train_cmd(redeployed, fxcache, *DEPLOYMENT, "--evaluate-from", str(fold_dir(baseline_dir))))
+    assert done.rc == 0, done.stderr
+    full = run_trainer(train_cmd(trained, fxcache, *DEPLOYMENT))
+    assert full.rc == 0, full.stderr
+    got, want = _comparable(fold_dir(redeployed)), _comparable(fold_dir(trained))
+    assert got == want
+    base = _comparable(fold_dir(baseline_dir))
+    assert got["weights_sha256"] == base["weights_sha256"]  # the same weights, deployed otherwise:
+    assert base["stood_aside"] is True and base.get("select_margin") is None  # the trained run stood aside,
+    assert got["stood_aside"] is False and got["select_max_exposure"] == 0.3  # this one calibrated the cap
+
+
+def test_evaluate_from_deploys_a_trading_fold_under_the_cap_and_hysteresis_it_is_given(workdir, fxcache, baseline):
+    """A fold that trades (the baseline's final state with perturbed weights, saved as a final checkpoint, as if
+    selected with a profit) evaluated twice from the same checkpoint: uncapped, and under a cap of 0.3 with full
+    hysteresis. Same weights; the capped deployment calibrates a margin and holds a position less of the time."""
+    from trainer.checkpoint.resume import FileCheckpointer, restore
+    from trainer.loop.log import JsonLog
+
+    baseline_dir, _ = baseline
+    trainer, fp = _fold_trainer_for(baseline_dir, fxcache)
+    quiet = JsonLog(0, out=io.StringIO(), err=io.StringIO())
+    restore(trainer, fold_dir(baseline_dir), fp, None, quiet)
+    gen = torch.Generator().manual_seed(KILL_RNG_SEED)
+    with torch.no_grad():  # weights that trade
+        for p in trainer.learner.params:
+            p.add_(torch.randn(p.shape, generator=gen) * 0.3)
+    trainer.selector.best_params.copy_(torch.cat([p.detach().reshape(-1) for p in trainer.learner.params]))
+    trainer.selector.record[0], trainer.selector.record[5] = 1e9, float("nan")  # selected with a profit
+    src = workdir / "trading" / "fold0"
+    src.mkdir(parents=True)
+    FileCheckpointer(src, 2, {"fingerprint": fp, "fold": 0, "folds": 3}, quiet).save(trainer, final=True)
+
+    results = {}
+    for name, extra in (("free", ("--loop.max-exposure", "1")), ("capped", DEPLOYMENT[2:])):
+        done = run_trainer(train_cmd(workdir / f"trading-{name}", fxcache, *extra, "--evaluate-from", str(src)))
+        assert done.rc == 0, done.stderr
+        results[name] = _comparable(fold_dir(workdir / f"trading-{name}"))
+    free, capped = results["free"], results["capped"]
+    assert free["weights_sha256"] == capped["weights_sha256"] and not free["stood_aside"] and free["trades"] > 0
+    assert "select_margin" not in free and capped["select_margin"] > 0 and capped["select_max_exposure"] == 0.3
+    assert capped["time_in_market"] < free["time_in_market"]
+
+
+@pytest.mark.parametrize(("extra", "keep", "match"), [
+    (("--agent.lr", "1e-4"), None, "config.agent.lr (run "),  # a training field: not the same trained fold
+    ((), f"checkpoint-{N_STEPS - CHECKPOINT_EVERY:012d}.bin", "not a finished training"),  # the newest checkpoint is not final
+], ids=["training-field", "unfinished"])
+def test_evaluate_from_refuses_another_training_or_an_unfinished_one_with_exit_2(extra, keep, match, workdir, fxcache,
+                                                                                baseline):
+    baseline_dir, _ = baseline
+    src = fold_dir(baseline_dir)
+    if keep is not None:  # a copy of the fold holding only a mid-run checkpoint
+        src = workdir / f"unfinished-{keep}" / "fold0"
+        src.mkdir(parents=True)
+        shutil.copy2(fold_dir(baseline_dir) / keep, src / keep)
+    run_dir = workdir / f"evaluate-refused-{keep is None}"
+    refused = run_trainer(train_cmd(run_dir, fxcache, *extra, "--evaluate-from", str(src)))
+    assert refused.rc == 2
+    assert refused.stderr.strip().splitlines()[-1].startswith("error: ") and match in refused.stderr
+    assert not (fold_dir(run_dir) / "result.json").exists() and refused.named("result") == []
+
+
 # ──────────────────────────────────────────────────────────────────────── CUDA, deterministic mode
 
 

@@ -80,6 +80,12 @@ class RunOptions:
     else RUN/../inductor-cache)."""
     resume_from: Optional[Path] = None
     """Resume from this checkpoint file instead of the newest valid one in RUN/fold<N>/."""
+    evaluate_from: Optional[Path] = None
+    """Evaluate another run's finished training instead of training: FOLD_DIR is that fold's directory (RUN/fold<N>
+    or RUN/fold<N>/seed<S>); its newest valid checkpoint must be the final one. The config must match that
+    checkpoint's except for the deployment and evaluation fields (trainer.settings.EVALUATION_ONLY: the stand-aside
+    rule, the exposure cap and its margin's rules), which is what this is for: the same trained weights under another
+    deployment rule. Writes this run's result.json; trains nothing and writes no checkpoint."""
     attempt: int = 0
     """Retry attempt number (Argo {{retries}}), logged."""
     replica: int = 0

@@ -19,7 +19,7 @@ from typing import Any, Literal, Mapping, get_args
 from trainer.agent.config import ENCODERS, SCANS
 
 __all__ = ["COMPILE_CHOICES", "MODES", "DEVICES", "FOLD_MODES", "ENCODERS", "SCANS", "PRESETS", "PRESET_NAMES",
-           "DEFAULT_PRESET", "FINGERPRINT_EXCLUDED", "LoopConfig", "FoldConfig", "EvalConfig", "ChainConfig"]
+           "DEFAULT_PRESET", "FINGERPRINT_EXCLUDED", "EVALUATION_ONLY", "LoopConfig", "FoldConfig", "EvalConfig", "ChainConfig"]
 
 # Literal types, so the generated CLI offers (and checks) the choices; the tuples are what other modules import.
 Compile = Literal["none", "sim", "all", "autotune"]
@@ -84,6 +84,15 @@ FINGERPRINT_EXCLUDED = (
 changing what the run computes (how long, how often it logs or saves, where and how its kernels run: same values).
 folds.fold is the fold's identity, not a setting: its checkpoints carry it in their counters (a wrong fold is
 refused on load), and chain mode compares fold N's fingerprint with fold N-1's."""
+
+EVALUATION_ONLY = (
+    "loop.select_min_net", "loop.select_min_t", "loop.max_exposure", "loop.exposure_gain", "loop.keep_margin_frac",
+    "eval.n_envs", "eval.bar_seconds", "eval.day_offset_hours",
+)
+"""Config fields read only after training, when the trained fold is deployed and evaluated: the stand-aside rule,
+the exposure cap and its margin's rules, the evaluation's own settings. They stay in the fingerprint (a resumed run
+must evaluate as it was asked to); `python -m trainer.train --evaluate-from FOLD_DIR` re-evaluates a finished fold's
+training under other values of these, and of these alone, without training again."""
 
 
 @dataclass(frozen=True)
@@ -160,6 +169,13 @@ class LoopConfig:
     (a 130-row slice can be in the market 0.99 of its steps where the window's free policy is 0.65: docs/RESULTS.md
     §10). 0 turns it off (the slice's margin throughout); with `max_exposure` 1 there is no cap to keep and it does
     nothing."""
+    keep_margin_frac: float = 1.0
+    """Hysteresis of the stand-aside margin: while the policy holds a position, the margin FLAT's E[Q] is raised by is
+    this share of the margin a flat policy must clear to open one (the calibrated margin, or the controller's). 1:
+    the same margin both ways, so a position closes as soon as its lead over FLAT falls under the entry margin; 0: a
+    position, once opened on a lead above the margin, is kept until FLAT scores best outright. Between the two, a
+    band between entering and leaving, the no-trade band of a threshold rule. Acts only with a margin
+    (`max_exposure` < 1); the calibration and the controller see the policy with it. docs/RESULTS.md §11."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.select_frac < 1.0:
@@ -174,6 +190,8 @@ class LoopConfig:
                              f"needs select_frac > 0 (or max_exposure 1: off)")
         if not (math.isfinite(self.exposure_gain) and self.exposure_gain >= 0.0):
             raise ValueError(f"LoopConfig.exposure_gain must be finite and >= 0, got {self.exposure_gain!r}")
+        if not 0.0 <= self.keep_margin_frac <= 1.0:
+            raise ValueError(f"LoopConfig.keep_margin_frac must be in [0, 1], got {self.keep_margin_frac!r}")
         for name in ("n_steps", "log_every", "checkpoint_every", "select_every", "select_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)!r}")

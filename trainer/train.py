@@ -26,6 +26,7 @@ from trainer.folds.windows import fold_windows, walk_forward_windows
 from trainer.loop.config import fingerprint_config
 from trainer.loop.fold import FoldTrainer, Stopped, Window, fold_inputs
 from trainer.loop.log import JsonLog
+from trainer.settings import EVALUATION_ONLY
 
 
 def run(inv: Invocation) -> int:
@@ -65,6 +66,8 @@ def run(inv: Invocation) -> int:
         trainer = FoldTrainer(cfg, features, fs.decision, Window(train_w.start, train_w.stop), n, log, reflected)
         fp = fingerprint(fingerprint_config(cfg.to_dict()), fs.key, tensor_layout(trainer.state_dict()))
         write_run_json(opts.run_dir, cfg, fs, trainer, fees, names)
+        if opts.evaluate_from is not None:  # another run's trained fold under other deployment rules
+            return evaluate_trained(trainer, fs, cfg, opts, fp, train_w, eval_w, names, fold_dir, log)
         mirror = open_mirror(opts.s3_bucket, opts.s3_fold_prefix(n), fold_dir, log.event)
         resumed = restore(trainer, fold_dir, fp, opts.resume_from, log)
         if resumed is None and chained:
@@ -88,6 +91,26 @@ def run(inv: Invocation) -> int:
         record = write_result(fold_dir, *evaluate_fold(trainer, fs, cfg, train_w, eval_w, ckpt.seconds,
                                                          names))
         log.event("result", **{k: v for k, v in record.items() if not isinstance(v, (list, dict))})
+    return EXIT_OK
+
+
+def evaluate_trained(trainer: FoldTrainer, fs, cfg, opts, fp: dict, train_w, eval_w, names: list[str],
+                     fold_dir, log: JsonLog) -> int:
+    """--evaluate-from: load the final checkpoint of `opts.evaluate_from` (only EVALUATION_ONLY fields may differ
+    from this config), then evaluate and write result.json as a run that trained would."""
+    src = opts.evaluate_from
+    if not src.is_dir():
+        raise FileNotFoundError(f"--evaluate-from {src}: not a fold directory")
+    resumed = restore(trainer, src, fp, None, log, may_differ=EVALUATION_ONLY)
+    if resumed is None:
+        raise FileNotFoundError(f"--evaluate-from {src}: no valid checkpoint there")
+    if not resumed["final"] or trainer.env_step != cfg.loop.n_steps:
+        raise ValueError(f"--evaluate-from {resumed['path']}: not a finished training (env_step {trainer.env_step} "
+                         f"of {cfg.loop.n_steps}, final={resumed['final']}); only a final checkpoint is evaluated")
+    log.event("evaluate_from", checkpoint=resumed["path"], env_step=trainer.env_step)
+    record = write_result(fold_dir, *evaluate_fold(trainer, fs, cfg, train_w, eval_w, resumed["checkpoint_seconds"],
+                                                     names, evaluated_from=str(src)))
+    log.event("result", **{k: v for k, v in record.items() if not isinstance(v, (list, dict))})
     return EXIT_OK
 
 

@@ -29,6 +29,7 @@ from torch import Tensor
 
 from trainer.agent.network import expected_q
 from trainer.sim.actions import FLAT, LONG, SHORT
+from trainer.sim.engine import ENV_POSITION
 
 Policy = Callable[[Tensor, Tensor], Tensor]
 """policy(obs (B, W, F), env_state (B, S)) -> actions (B, n_branches) int64: what evaluation, the baselines and the
@@ -69,6 +70,16 @@ def flat_bonus(score: Tensor, margin: Tensor | float) -> Tensor:
     score = score.clone()
     score[:, 0, FLAT] += margin
     return score
+
+
+def held_margin(margin: Tensor | float, env_state: Tensor, keep_frac: float) -> Tensor | float:
+    """The stand-aside margin per env with hysteresis (LoopConfig.keep_margin_frac): `margin` where the env is flat,
+    `keep_frac` × `margin` where it holds a position (env_state (B, S), column ENV_POSITION). margin: a float or a
+    (B,) tensor, read at this call. keep_frac 1 returns `margin` itself."""
+    if keep_frac == 1.0 or (isinstance(margin, float) and margin == 0.0):
+        return margin
+    held = env_state[:, ENV_POSITION] != 0  # (B,)
+    return margin * torch.where(held, keep_frac, 1.0)
 
 
 def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore: bool,

@@ -79,11 +79,13 @@ class FileCheckpointer:
         return path
 
 
-def restore(trainer: Stateful, fold_dir: Path, fp: dict, resume_from: Path | None, log: EventLog) -> dict | None:
+def restore(trainer: Stateful, fold_dir: Path, fp: dict, resume_from: Path | None, log: EventLog,
+            may_differ: tuple[str, ...] = ()) -> dict | None:
     """Load the newest verifying checkpoint (or `resume_from`) into `trainer`; None when starting fresh.
 
-    Returns the path, env_step and checkpoint_seconds resumed from. A checkpoint with another fingerprint raises
-    ConfigMismatch (a ValueError: exit 2) before anything is loaded."""
+    Returns the path, env_step, checkpoint_seconds and whether it is the final one. A checkpoint with another
+    fingerprint raises ConfigMismatch (a ValueError: exit 2) before anything is loaded; `may_differ`: config fields
+    ("section.field", trainer.settings.EVALUATION_ONLY) that are not compared."""
     if resume_from is not None:
         ckpt = read_checkpoint(resume_from)
         path = resume_from
@@ -93,7 +95,8 @@ def restore(trainer: Stateful, fold_dir: Path, fp: dict, resume_from: Path | Non
     if ckpt is None:
         return None
     meta = decode_json(ckpt.sections["meta"])
-    differing = fingerprint_mismatch(fp, meta["fingerprint"])
+    ignored = {f"config.{name}" for name in may_differ}
+    differing = [name for name in fingerprint_mismatch(fp, meta["fingerprint"]) if name not in ignored]
     if differing:
         raise ConfigMismatch(path, differing, fp, meta["fingerprint"])
     state = {name.split("/", 1)[1]: decode_tensors(data, device=trainer.device)
@@ -101,7 +104,7 @@ def restore(trainer: Stateful, fold_dir: Path, fp: dict, resume_from: Path | Non
     trainer.load_state_dict(state)
     restore_rng_state({k: bytes.fromhex(v) for k, v in decode_json(ckpt.sections["rng"]).items()})
     return {"path": str(path), "env_step": trainer.env_step,
-            "checkpoint_seconds": float(meta.get("checkpoint_seconds", 0.0))}
+            "checkpoint_seconds": float(meta.get("checkpoint_seconds", 0.0)), "final": bool(meta.get("final"))}
 
 
 def open_mirror(bucket: str | None, prefix: str, fold_dir: Path, log: Callable[..., Any]) -> S3Mirror | None:

@@ -66,6 +66,9 @@ class FoldResult:
     """independent or chain."""
     baselines: dict[str, dict[str, Any]]
     """Headline metrics of each baseline policy on the same window (trainer.folds.baselines)."""
+    evaluated_from: str | None = None
+    """The fold directory whose final checkpoint was evaluated (`--evaluate-from`: another run's training under this
+    run's deployment rules); None when this run trained the fold itself."""
     selection: dict[str, Any] = dataclasses.field(default_factory=dict)
     """Model selection on the held-out slice (trainer/loop/select.py; empty when off): select_best_net_pnl,
     select_best_t (t-statistic over the validation segments; None when they had no spread), select_best_step,
@@ -83,10 +86,12 @@ class FoldResult:
 
 
 def evaluate_fold(trainer: FoldTrainer, fs: FeatureSet, cfg: TrainConfig, train_w: FoldWindow, eval_w: FoldWindow,
-                  checkpoint_seconds: float, names: list[str] | None = None) -> tuple[FoldResult, np.ndarray]:
+                  checkpoint_seconds: float, names: list[str] | None = None,
+                  evaluated_from: str | None = None) -> tuple[FoldResult, np.ndarray]:
     """Greedy (argmax E[Q]) out-of-sample evaluation of the trained fold on `eval_w`, plus the baselines; returns
     the result and the continuous-pass equity curve (currency, one point per decision step). `names`: the names of
-    the trainer's input columns (trainer.loop.fold.fold_inputs), fs.names when None."""
+    the trainer's input columns (trainer.loop.fold.fold_inputs), fs.names when None. `evaluated_from`: recorded in
+    the result (FoldResult.evaluated_from)."""
     greedy = trainer.deployed_policy()  # the selected weights, or always FLAT when selection stood aside
 
     window = trainer.agent_cfg.window
@@ -104,7 +109,7 @@ def evaluate_fold(trainer: FoldTrainer, fs: FeatureSet, cfg: TrainConfig, train_
         env_steps=trainer.env_step, update_steps=trainer.update_step,
         transitions=trainer.env_step * cfg.sim.n_envs, weights_sha256=trainer.weights_hash, feature_key=fs.key,
         wall_seconds=round(trainer.wall_seconds, 3), checkpoint_seconds=round(checkpoint_seconds, 3),
-        fold_mode=cfg.folds.fold_mode, baselines=baselines,
+        fold_mode=cfg.folds.fold_mode, baselines=baselines, evaluated_from=evaluated_from,
         selection={**trainer.selection_summary(), **(greedy.summary() if hasattr(greedy, "summary") else {})})
     return result, res.equity
 

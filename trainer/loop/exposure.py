@@ -30,9 +30,7 @@ import torch
 from torch import Tensor
 
 from trainer.agent.act import Policy
-
-POSITION_COLUMN = 0
-"""trainer.sim.engine.Simulator.env_features: column 0 is position / max_position (0 exactly when flat)."""
+from trainer.sim import ENV_POSITION
 
 
 class ExposureController:
@@ -79,7 +77,7 @@ class ExposureController:
             raise RuntimeError("ExposureController: call start(rows) before the first decision of a pass")
         if self._trace is not None:
             self._trace.append(self._margin.clone())  # the margin this decision starts from: m_{k-1}
-        held = (env_state[:, POSITION_COLUMN] != 0).to(torch.float32)  # (B,)
+        held = (env_state[:, ENV_POSITION] != 0).to(torch.float32)  # (B,)
         self._margin.add_(self.gain * (held - self.cap)).clamp_(min=0.0)
         return self._policy(obs, env_state)
 

@@ -18,6 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
+from trainer.agent.act import held_margin
 from trainer.agent.aux import mid_change_target
 from trainer.agent.config import AgentConfig
 from trainer.agent.forecast import FORECAST_COLUMN, append_forecast
@@ -97,15 +98,17 @@ def fold_inputs(cfg: TrainConfig, raw: np.ndarray, names: list[str], tape: Decis
     return features, [*names, FORECAST_COLUMN], reflected
 
 
-def mirrored_policy(learner: Learner, n_features: int, flat_margin: torch.Tensor | float = 0.0):
+def mirrored_policy(learner: Learner, n_features: int, flat_margin: torch.Tensor | float = 0.0,
+                    keep_frac: float = 1.0):
     """The greedy policy of AgentConfig.mirror as a `Policy` over observations of 2F columns: the fold's inputs, then
     the reflected market's (FoldTrainer.policy_features); the env state is reflected with ENV_REFLECTION. FLAT's
-    score is raised by `flat_margin` (LoopConfig.max_exposure)."""
+    score is raised by `flat_margin` (LoopConfig.max_exposure), by `keep_frac` of it where a position is held
+    (LoopConfig.keep_margin_frac, trainer.agent.act.held_margin)."""
     signs = torch.tensor(ENV_REFLECTION, device=learner.device)  # (ENV_FEATURES,)
 
     def policy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
         return learner.act_mirrored(obs[..., :n_features], env_state, obs[..., n_features:], env_state * signs,
-                                    flat_margin)
+                                    held_margin(flat_margin, env_state, keep_frac))
 
     return policy
 
@@ -290,12 +293,14 @@ class FoldTrainer:
 
     def _greedy(self, flat_margin: torch.Tensor | float = 0.0):
         """The greedy policy over `policy_features` windows: argmax E[Q], or its mirrored form (AgentConfig.mirror),
-        FLAT's score raised by `flat_margin`."""
+        FLAT's score raised by `flat_margin` (by LoopConfig.keep_margin_frac of it while a position is held)."""
+        keep = self.cfg.loop.keep_margin_frac
         if self.agent_cfg.mirror:
-            return mirrored_policy(self.learner, self.features.shape[1], flat_margin)
+            return mirrored_policy(self.learner, self.features.shape[1], flat_margin, keep)
 
         def greedy(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
-            return self.learner.act(obs, env_state, explore=False, flat_margin=flat_margin)
+            return self.learner.act(obs, env_state, explore=False,
+                                    flat_margin=held_margin(flat_margin, env_state, keep))
 
         return greedy
 

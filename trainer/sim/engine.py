@@ -78,6 +78,8 @@ from trainer.sim.state import SimState, StepOut, offset_hash
 ENV_FEATURES = 7
 """Width of `Simulator.env_features`: position, unrealised PnL, order side, order age, queue fraction,
 order remaining, time in trade."""
+ENV_POSITION = 0
+"""Column of `env_features` holding position / max_position: 0 exactly when the env is flat."""
 ENV_REFLECTION = (-1.0, 1.0, -1.0, 1.0, 1.0, 1.0, 1.0)
 """`env_features` of the reflected market (prices p -> C - p, bids and asks swapped) under mirrored actions (LONG <->
 SHORT) are these signs times the original's: position and order side change sign, the rest do not."""
