@@ -2,6 +2,10 @@
 # Learning experiments on the lent H200 machine (docs/RESULTS.md): CPU smoke variants on its cores and h100 variants
 # on its GPU, at once. Usage: bash scripts/device-learn.sh OUT SECONDS "SMOKE_ARGS" "H100_ARGS"
 # (SMOKE_ARGS / H100_ARGS: scripts/experiment.py arguments without --out; empty skips that part).
+# .whl (carried, git-ignored) holds the wheels the lent image lacks: tyro, docstring_parser, typeguard, databento-dbn,
+# arch, zstandard, and boto3, botocore, s3transfer, jmespath (trainer.checkpoint imports boto3).
+# 12 h100 processes at once train 15 (seed, fold) runs in about 500 s cold (docs/RESULTS.md §11): plan ~9 runs, with
+# their --eval-variant runs, per call.
 set -uo pipefail
 out=$1; secs=$2; smoke=$3; h100=$4
 if [ -d .whl ]; then

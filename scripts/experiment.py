@@ -8,7 +8,7 @@ Each variant is NAME=FLAGS (extra trainer flags, shell-quoted). An evaluation va
 NAME=BASE:FLAGS`, trains nothing: each of its runs evaluates BASE's trained fold of the same seed (`python -m
 trainer.train --evaluate-from`) with BASE's flags plus FLAGS, which may change only deployment and evaluation fields
 (trainer.settings.EVALUATION_ONLY); the same weights under another deployment rule, so the comparison with BASE is
-paired. They run after every training run. Results land in DIR/NAME/seed<S>/fold<N>/result.json;
+paired. Each runs as soon as its BASE fold is trained, in the same worker. Results land in DIR/NAME/seed<S>/fold<N>/result.json;
 the table (stdout and DIR/table.md) gives per variant: net PnL per fold (mean over seeds), the OFI rule's net on the
 same windows at one contract and at the agent's position limit (`ofi_rule_max`, the size-matched comparison), win rate,
 trades, time in market, folds stood aside, and how many (seed, fold) runs beat each rule; for runs with the forecast
@@ -133,15 +133,21 @@ def main() -> int:
         for data in sorted(datas):
             subprocess.check_call([sys.executable, "-m", "trainer.features", "--data", data, "--cache-dir",
                                    str(args.out / "fxcache")], stdout=subprocess.DEVNULL)
-        # Seed-major: a call cut off by its time limit leaves every variant of the seeds it reached.
+        # Seed-major, and each trained fold's evaluation variants right after it in the same worker: a call cut off
+        # by its time limit leaves every variant of the (seed, fold) runs it reached, paired (on the lent GPU, 12
+        # processes training at once took the whole call, and evaluation variants queued behind them never ran).
+        def chain(name: str, flags: str, seed: int, fold: int) -> list[tuple[str, int, int, int, float]]:
+            done = [run_one(args.out, name, flags, seed, fold, args)]
+            for ename, (base, eflags) in evals.items():
+                if base == name and done[0][3] == 0:
+                    done.append(run_one(args.out, ename, eflags, seed, fold, args, base=base))
+            return done
+
         jobs = [(n, f, s, k) for s in seeds for n, f in variants.items() for k in range(args.folds)]
         with ThreadPoolExecutor(args.workers) as pool:
-            for name, seed, fold, rc, sec in pool.map(lambda j: run_one(args.out, *j, args), jobs):
-                print(f"{name} seed{seed} fold{fold} rc={rc} {sec:.0f}s", flush=True)
-        jobs = [(n, f, s, k, b) for s in seeds for n, (b, f) in evals.items() for k in range(args.folds)]
-        with ThreadPoolExecutor(args.workers) as pool:
-            for name, seed, fold, rc, sec in pool.map(lambda j: run_one(args.out, *j[:4], args, base=j[4]), jobs):
-                print(f"{name} seed{seed} fold{fold} rc={rc} {sec:.0f}s", flush=True)
+            for finished in pool.map(lambda j: chain(*j), jobs):
+                for name, seed, fold, rc, sec in finished:
+                    print(f"{name} seed{seed} fold{fold} rc={rc} {sec:.0f}s", flush=True)
     text = table(args.out, {**variants, **{n: f for n, (_, f) in evals.items()}}, seeds, args.folds)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
