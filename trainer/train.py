@@ -12,6 +12,7 @@ import os
 import platform
 import sys
 import time
+from pathlib import Path
 
 import torch
 
@@ -67,51 +68,49 @@ def run(inv: Invocation) -> int:
         fp = fingerprint(fingerprint_config(cfg.to_dict()), fs.key, tensor_layout(trainer.state_dict()))
         write_run_json(opts.run_dir, cfg, fs, trainer, fees, names)
         if opts.evaluate_from is not None:  # another run's trained fold under other deployment rules
-            return evaluate_trained(trainer, fs, cfg, opts, fp, train_w, eval_w, names, fold_dir, log)
-        mirror = open_mirror(opts.s3_bucket, opts.s3_fold_prefix(n), fold_dir, log.event)
-        resumed = restore(trainer, fold_dir, fp, opts.resume_from, log)
-        if resumed is None and chained:
-            log.event("chain_warm_start", **warm_start(trainer, opts.run_dir, fp, cfg.chain, replica=opts.replica))
-        log.event("resume" if resumed else "fresh", attempt=opts.attempt,
-                  checkpoint=resumed["path"] if resumed else None, env_step=trainer.env_step)
-        meta = {"fingerprint": fp, "fold": n, "folds": cfg.folds.folds}
-        ckpt = FileCheckpointer(fold_dir, cfg.loop.keep_checkpoints, meta, log, mirror,
-                                seconds=resumed["checkpoint_seconds"] if resumed else 0.0)
-        log.event("first_step_ready", seconds_since_start=round(time.perf_counter() - started, 3))
-        try:
-            trainer.run(ckpt)
-        except Stopped as stop:
-            log.event("stopped", reason=str(stop), env_step=trainer.env_step)
+            seconds = load_trained(trainer, opts.evaluate_from, fp, cfg.loop.n_steps, log)["checkpoint_seconds"]
+        else:
+            mirror = open_mirror(opts.s3_bucket, opts.s3_fold_prefix(n), fold_dir, log.event)
+            resumed = restore(trainer, fold_dir, fp, opts.resume_from, log)
+            if resumed is None and chained:
+                log.event("chain_warm_start",
+                          **warm_start(trainer, opts.run_dir, fp, cfg.chain, replica=opts.replica))
+            log.event("resume" if resumed else "fresh", attempt=opts.attempt,
+                      checkpoint=resumed["path"] if resumed else None, env_step=trainer.env_step)
+            meta = {"fingerprint": fp, "fold": n, "folds": cfg.folds.folds}
+            ckpt = FileCheckpointer(fold_dir, cfg.loop.keep_checkpoints, meta, log, mirror,
+                                    seconds=resumed["checkpoint_seconds"] if resumed else 0.0)
+            log.event("first_step_ready", seconds_since_start=round(time.perf_counter() - started, 3))
+            try:
+                trainer.run(ckpt)
+            except Stopped as stop:
+                log.event("stopped", reason=str(stop), env_step=trainer.env_step)
+                if mirror is not None:
+                    mirror.close(timeout=cfg.loop.grace_seconds / 2)
+                return EXIT_SIGTERM
             if mirror is not None:
-                mirror.close(timeout=cfg.loop.grace_seconds / 2)
-            return EXIT_SIGTERM
-        if mirror is not None:
-            mirror.close(timeout=60)
-
-        record = write_result(fold_dir, *evaluate_fold(trainer, fs, cfg, train_w, eval_w, ckpt.seconds,
-                                                         names))
+                mirror.close(timeout=60)
+            seconds = ckpt.seconds
+        source = None if opts.evaluate_from is None else str(opts.evaluate_from)
+        record = write_result(fold_dir, *evaluate_fold(trainer, fs, cfg, train_w, eval_w, seconds, names,
+                                                         evaluated_from=source))
         log.event("result", **{k: v for k, v in record.items() if not isinstance(v, (list, dict))})
     return EXIT_OK
 
 
-def evaluate_trained(trainer: FoldTrainer, fs, cfg, opts, fp: dict, train_w, eval_w, names: list[str],
-                     fold_dir, log: JsonLog) -> int:
-    """--evaluate-from: load the final checkpoint of `opts.evaluate_from` (only EVALUATION_ONLY fields may differ
-    from this config), then evaluate and write result.json as a run that trained would."""
-    src = opts.evaluate_from
+def load_trained(trainer: FoldTrainer, src: Path, fp: dict, n_steps: int, log: JsonLog) -> dict:
+    """--evaluate-from: load the final checkpoint of the fold directory `src` into `trainer`; only the EVALUATION_ONLY
+    fields may differ from this run's fingerprint. Returns what `restore` returns."""
     if not src.is_dir():
         raise FileNotFoundError(f"--evaluate-from {src}: not a fold directory")
     resumed = restore(trainer, src, fp, None, log, may_differ=EVALUATION_ONLY)
     if resumed is None:
         raise FileNotFoundError(f"--evaluate-from {src}: no valid checkpoint there")
-    if not resumed["final"] or trainer.env_step != cfg.loop.n_steps:
+    if not resumed["final"] or trainer.env_step != n_steps:
         raise ValueError(f"--evaluate-from {resumed['path']}: not a finished training (env_step {trainer.env_step} "
-                         f"of {cfg.loop.n_steps}, final={resumed['final']}); only a final checkpoint is evaluated")
+                         f"of {n_steps}, final={resumed['final']}); only a final checkpoint is evaluated")
     log.event("evaluate_from", checkpoint=resumed["path"], env_step=trainer.env_step)
-    record = write_result(fold_dir, *evaluate_fold(trainer, fs, cfg, train_w, eval_w, resumed["checkpoint_seconds"],
-                                                     names, evaluated_from=str(src)))
-    log.event("result", **{k: v for k, v in record.items() if not isinstance(v, (list, dict))})
-    return EXIT_OK
+    return resumed
 
 
 def main(argv: list[str] | None = None) -> int:
