@@ -6,7 +6,8 @@ import itertools
 import pytest
 import torch
 
-from trainer.agent.act import held_margin, mirror_directions, mirrored_greedy, select_actions, thompson_returns
+from trainer.agent.act import (held_margin, min_hold, mirror_directions, mirrored_greedy, select_actions,
+                               thompson_returns, time_in_trade)
 from trainer.agent.c51 import make_support
 from trainer.agent.network import branch_action_mask
 
@@ -251,3 +252,72 @@ def test_with_hysteresis_a_position_needs_the_margin_to_open_and_less_to_stay_op
     assert directions(0.2, 0.5) == [FLAT, HOLD]  # kept: 0.7 + 0.1 < 0.85, while flat still does not enter
     assert directions(0.4, 0.5) == [FLAT, FLAT]  # 0.7 + 0.2 > 0.85
     assert directions(5.0, 0.0) == [FLAT, HOLD]  # keep 0: held until FLAT scores best outright
+
+
+def test_time_in_trade_recovers_the_simulators_trip_age_from_the_agent_visible_env_state():
+    from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, SimConfig, Simulator
+    from trainer.sim.synthetic import random_decision_tape
+
+    cfg = SimConfig(n_envs=1, time_scale_steps=50.0)
+    sim = Simulator(random_decision_tape(200, seed=1), cfg, "cpu")
+    st = sim.reset(0, 200, start_rows=torch.tensor([0]))
+    ages = []
+    for d in [LONG, HOLD, HOLD, SHORT, HOLD, FLAT, HOLD] + [LONG] * 120:  # open, keep, reverse (a new trip), close, ...
+        sim.step(st, torch.tensor([[d, 2, MARKET, 0]]))
+        ages.append(round(float(time_in_trade(sim.env_features(st), cfg.time_scale_steps)[0]), 3))
+        assert ages[-1] == int(st.time_in_trade[0])  # exact to float32 rounding, far past time_scale_steps
+    assert ages[:7] == [1, 2, 3, 1, 2, 0, 0] and ages[-1] == 120
+
+
+def _directions(*rows: int):
+    """A policy that sends these directions (one per env) and a fixed magnitude / order / urgency."""
+    def policy(obs, env_state):
+        a = torch.zeros(len(rows), 4, dtype=torch.int64)
+        a[:, 0], a[:, 1], a[:, 2] = torch.tensor(rows), 2, 1
+        return a
+    return policy
+
+
+def test_min_hold_sends_hold_for_a_decision_that_would_end_a_young_trip_and_passes_the_rest():
+    from trainer.sim import FLAT, HOLD, LONG, SHORT
+
+    scale = 50.0
+    # (position / max_position, trip age tt): env_state's time-in-trade column is tt / (tt + 50)
+    env = torch.zeros(8, 7)
+    env[:, 0] = torch.tensor([0.0, 1 / 3, 1 / 3, 1 / 3, -1.0, -1.0, 1 / 3, 2 / 3])
+    tt = torch.tensor([0.0, 2.0, 3.0, 1.0, 1.0, 2.0, 2.0, 40.0])
+    env[:, 6] = tt / (tt + scale)
+    sent = (LONG, FLAT, FLAT, SHORT, SHORT, LONG, LONG, FLAT)
+    got = min_hold(_directions(*sent), 3, scale)(torch.zeros(8, 2, 1), env)
+    # flat: opens; long 2 old: FLAT held; long 3 old: may close; long 1 old: a reversal held; short 1 old, SHORT:
+    # the same side passes (a resize, the trip goes on); short 2 old, LONG: a reversal held; long, LONG: passes;
+    # long 40 old: may close
+    assert got[:, 0].tolist() == [LONG, HOLD, FLAT, HOLD, SHORT, HOLD, LONG, FLAT]
+    assert got[:, 1:].tolist() == [[2, 1, 0]] * 8  # the other branches as the policy sent them
+    inner = _directions(*sent)
+    assert min_hold(inner, 0, scale) is inner and min_hold(inner, 1, scale) is inner  # off
+
+
+def test_under_min_hold_every_trip_a_flipping_policy_opens_lasts_the_minimum_in_the_simulator():
+    from trainer.sim import FLAT, LONG, MARKET, SHORT, SimConfig, Simulator
+    from trainer.sim.synthetic import random_decision_tape
+
+    cfg = SimConfig(n_envs=3, time_scale_steps=50.0)
+    sim = Simulator(random_decision_tape(300, seed=4), cfg, "cpu")
+    gen = torch.Generator().manual_seed(0)
+
+    def flipping(obs, env_state):  # a new direction each decision: trips of 1-2 decisions on its own
+        a = torch.zeros(3, 4, dtype=torch.int64)
+        a[:, 0] = torch.tensor((SHORT, LONG, FLAT))[torch.randint(0, 3, (3,), generator=gen)]
+        a[:, 1], a[:, 2] = 2, MARKET
+        return a
+
+    for h, want_min in ((0, 1), (5, 5)):
+        policy = min_hold(flipping, h, cfg.time_scale_steps)
+        st = sim.reset(0, 300, start_rows=torch.tensor([0, 0, 0]))
+        ended = []  # the age of each trip when a decision ended it
+        for _ in range(250):
+            age, pos = st.time_in_trade.clone(), st.position.clone()
+            sim.step(st, policy(torch.zeros(3, 2, 1), sim.env_features(st)))
+            ended += [int(a) for a, p0, p1 in zip(age, pos, st.position) if p0 != 0 and (p1 == 0 or p0 * p1 < 0)]
+        assert len(ended) > 30 and min(ended) == want_min

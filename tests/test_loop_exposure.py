@@ -74,6 +74,23 @@ def test_exposure_gain_is_a_config_field_with_its_rules_and_in_the_fingerprint()
             base.replace(loop={"exposure_gain": bad})
 
 
+@pytest.mark.parametrize(("field", "on", "bad"), [
+    ("keep_margin_frac", 0.0, (-0.1, 1.5, float("nan"))),
+    ("min_hold_steps", 8, (-1,)),
+])
+def test_the_deployment_rules_beside_the_cap_are_config_fields_off_by_default_and_in_the_fingerprint(field, on, bad):
+    from trainer.settings import EVALUATION_ONLY
+
+    base = preset("smoke")
+    assert getattr(LoopConfig(), field) == getattr(base.loop, field) and getattr(base.loop, field) != on
+    fp = fingerprint_config(base.replace(loop={field: on}).to_dict())
+    assert fp["loop"][field] == on and fp != fingerprint_config(base.to_dict())
+    assert f"loop.{field}" in EVALUATION_ONLY  # --evaluate-from may redeploy a trained fold under another value
+    for b in bad:
+        with pytest.raises(ValueError, match=field):
+            base.replace(loop={field: b})
+
+
 @pytest.fixture(scope="module")
 def market():
     tape = random_decision_tape(N_ROWS, seed=5)

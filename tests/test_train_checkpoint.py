@@ -653,8 +653,9 @@ def test_evaluate_from_redeploys_the_trained_weights_as_a_full_run_with_those_ru
 
 def test_evaluate_from_deploys_a_trading_fold_under_the_cap_and_hysteresis_it_is_given(workdir, fxcache, baseline):
     """A fold that trades (the baseline's final state with perturbed weights, saved as a final checkpoint, as if
-    selected with a profit) evaluated twice from the same checkpoint: uncapped, and under a cap of 0.3 with full
-    hysteresis. Same weights; the capped deployment calibrates a margin and holds a position less of the time."""
+    selected with a profit) evaluated three times from the same checkpoint: uncapped, under a cap of 0.3 with full
+    hysteresis, and uncapped with a minimum holding time. Same weights; the capped deployment calibrates a margin and
+    holds a position less of the time; the held one makes fewer, longer trips."""
     from trainer.checkpoint.resume import FileCheckpointer, restore
     from trainer.loop.log import JsonLog
 
@@ -673,7 +674,8 @@ def test_evaluate_from_deploys_a_trading_fold_under_the_cap_and_hysteresis_it_is
     FileCheckpointer(src, 2, {"fingerprint": fp, "fold": 0, "folds": 3}, quiet).save(trainer, final=True)
 
     results = {}
-    for name, extra in (("free", ("--loop.max-exposure", "1")), ("capped", DEPLOYMENT[2:])):
+    held = ("--loop.max-exposure", "1", "--loop.min-hold-steps", "12")
+    for name, extra in (("free", ("--loop.max-exposure", "1")), ("capped", DEPLOYMENT[2:]), ("held", held)):
         done = run_trainer(train_cmd(workdir / f"trading-{name}", fxcache, *extra, "--evaluate-from", str(src)))
         assert done.rc == 0, done.stderr
         results[name] = _comparable(fold_dir(workdir / f"trading-{name}"))
@@ -681,6 +683,9 @@ def test_evaluate_from_deploys_a_trading_fold_under_the_cap_and_hysteresis_it_is
     assert free["weights_sha256"] == capped["weights_sha256"] and not free["stood_aside"] and free["trades"] > 0
     assert "select_margin" not in free and capped["select_margin"] > 0 and capped["select_max_exposure"] == 0.3
     assert capped["time_in_market"] < free["time_in_market"]
+    held = results["held"]  # every trip kept for 12 decisions at least: fewer and longer trips from the same weights
+    assert held["weights_sha256"] == free["weights_sha256"] and 0 < held["trades"] < free["trades"]
+    assert held["mean_holding_steps"] > max(free["mean_holding_steps"], 10)
 
 
 @pytest.mark.parametrize(("extra", "keep", "match"), [

@@ -87,7 +87,7 @@ refused on load), and chain mode compares fold N's fingerprint with fold N-1's."
 
 EVALUATION_ONLY = (
     "loop.select_min_net", "loop.select_min_t", "loop.max_exposure", "loop.exposure_gain", "loop.keep_margin_frac",
-    "eval.n_envs", "eval.bar_seconds", "eval.day_offset_hours",
+    "loop.min_hold_steps", "eval.n_envs", "eval.bar_seconds", "eval.day_offset_hours",
 )
 """Config fields read only after training, when the trained fold is deployed and evaluated: the stand-aside rule,
 the exposure cap and its margin's rules, the evaluation's own settings. They stay in the fingerprint (a resumed run
@@ -176,6 +176,12 @@ class LoopConfig:
     position, once opened on a lead above the margin, is kept until FLAT scores best outright. Between the two, a
     band between entering and leaving, the no-trade band of a threshold rule. Acts only with a margin
     (`max_exposure` < 1); the calibration and the controller see the policy with it. docs/RESULTS.md §11."""
+    min_hold_steps: int = 0
+    """The deployed policy keeps every position it opens for at least this many decisions: before that, a decision
+    that would end the trip (FLAT, or the opposite side) is sent as HOLD (trainer.agent.act.min_hold; the trip's age
+    is the agent-visible time-in-trade column). Unlike `keep_margin_frac` it acts with or without a margin, where the
+    calibrated margin is 0 too. 0 (or 1): off. Deployment only, like the cap: training, its exploration and model
+    selection do not see it; the calibration and the controller do. docs/RESULTS.md §12."""
 
     def __post_init__(self) -> None:
         if not 0.0 <= self.select_frac < 1.0:
@@ -192,6 +198,8 @@ class LoopConfig:
             raise ValueError(f"LoopConfig.exposure_gain must be finite and >= 0, got {self.exposure_gain!r}")
         if not 0.0 <= self.keep_margin_frac <= 1.0:
             raise ValueError(f"LoopConfig.keep_margin_frac must be in [0, 1], got {self.keep_margin_frac!r}")
+        if self.min_hold_steps < 0:
+            raise ValueError(f"LoopConfig.min_hold_steps must be >= 0, got {self.min_hold_steps!r}")
         for name in ("n_steps", "log_every", "checkpoint_every", "select_every", "select_envs"):
             if getattr(self, name) < 1:
                 raise ValueError(f"LoopConfig.{name} must be >= 1, got {getattr(self, name)!r}")

@@ -28,8 +28,8 @@ import torch
 from torch import Tensor
 
 from trainer.agent.network import expected_q
-from trainer.sim.actions import FLAT, LONG, SHORT
-from trainer.sim.engine import ENV_POSITION
+from trainer.sim.actions import FLAT, HOLD, LONG, SHORT
+from trainer.sim.engine import ENV_POSITION, ENV_TIME_IN_TRADE
 
 Policy = Callable[[Tensor, Tensor], Tensor]
 """policy(obs (B, W, F), env_state (B, S)) -> actions (B, n_branches) int64: what evaluation, the baselines and the
@@ -80,6 +80,37 @@ def held_margin(margin: Tensor | float, env_state: Tensor, keep_frac: float) -> 
         return margin
     held = env_state[:, ENV_POSITION] != 0  # (B,)
     return margin * torch.where(held, keep_frac, 1.0)
+
+
+def time_in_trade(env_state: Tensor, time_scale_steps: float) -> Tensor:
+    """(B,) decisions the current trip of each env has been open (0 when flat), recovered from the agent-visible column
+    ENV_TIME_IN_TRADE = tt / (tt + time_scale_steps) (SimConfig.time_scale_steps): tt = s·x / (1 − x), a float within
+    float32 rounding of the integer count."""
+    x = env_state[:, ENV_TIME_IN_TRADE]
+    return time_scale_steps * x / (1.0 - x)
+
+
+def min_hold(policy: Policy, min_steps: int, time_scale_steps: float) -> Policy:
+    """`policy` that keeps every position it opens for at least `min_steps` decisions (LoopConfig.min_hold_steps): while
+    an env's trip has been open for fewer, a direction that would end the trip (FLAT, or the opposite side) is sent
+    as HOLD, which keeps the position and its working order as they are (simulator rule 2); the same side, which
+    resizes the position without closing the trip, and the other branches pass unchanged. The trip's age is read from
+    the env state (`time_in_trade`), so the rule sees only what the agent sees. min_steps 0 or 1 returns `policy`
+    itself (a trip is 1 decision old at the first decision after it opened)."""
+    if min_steps <= 1:
+        return policy
+
+    def held(obs: Tensor, env_state: Tensor) -> Tensor:
+        actions = policy(obs, env_state)
+        position = env_state[:, ENV_POSITION]
+        young = (position != 0) & (time_in_trade(env_state, time_scale_steps) < min_steps - 0.5)
+        d = actions[:, 0]
+        ends = (d == FLAT) | ((d == SHORT) & (position > 0)) | ((d == LONG) & (position < 0))
+        actions = actions.clone()
+        actions[:, 0] = torch.where(young & ends, HOLD, d)
+        return actions
+
+    return held
 
 
 def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore: bool,

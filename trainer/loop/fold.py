@@ -18,7 +18,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from trainer.agent.act import held_margin
+from trainer.agent.act import held_margin, min_hold
 from trainer.agent.aux import mid_change_target
 from trainer.agent.config import AgentConfig
 from trainer.agent.forecast import FORECAST_COLUMN, append_forecast
@@ -323,14 +323,19 @@ class FoldTrainer:
                 return stand_aside
             if self.cfg.loop.max_exposure < 1.0:
                 if not self.selector.exposure:
-                    self.selector.calibrate(self._greedy, self.cfg.loop.max_exposure)
+                    self.selector.calibrate(self._deployed, self.cfg.loop.max_exposure)
                 margin = self.selector.exposure["select_margin"]
                 if self.cfg.loop.exposure_gain > 0.0:  # the cap kept out of sample, causally
-                    return ExposureController(self._greedy, margin, self.cfg.loop.max_exposure,
+                    return ExposureController(self._deployed, margin, self.cfg.loop.max_exposure,
                                               self.cfg.loop.exposure_gain)
-                return self._greedy(margin)
+                return self._deployed(margin)
 
-        return self._greedy()
+        return self._deployed()
+
+    def _deployed(self, flat_margin: torch.Tensor | float = 0.0):
+        """`_greedy(flat_margin)` under the deployment-only rule LoopConfig.min_hold_steps (trainer.agent.act.min_hold):
+        what evaluation, the calibration and the controller run; model selection reads `_greedy` alone."""
+        return min_hold(self._greedy(flat_margin), self.cfg.loop.min_hold_steps, self.cfg.sim.time_scale_steps)
 
     def selection_summary(self) -> dict:
         return {} if self.selector is None else self.selector.summary()

@@ -80,6 +80,9 @@ ENV_FEATURES = 7
 order remaining, time in trade."""
 ENV_POSITION = 0
 """Column of `env_features` holding position / max_position: 0 exactly when the env is flat."""
+ENV_TIME_IN_TRADE = 6
+"""Column of `env_features` holding tt / (tt + time_scale_steps), tt the decisions the current trip has been open (0
+when flat): `time_in_trade` recovers tt from it."""
 ENV_REFLECTION = (-1.0, 1.0, -1.0, 1.0, 1.0, 1.0, 1.0)
 """`env_features` of the reflected market (prices p -> C - p, bids and asks swapped) under mirrored actions (LONG <->
 SHORT) are these signs times the original's: position and order side change sign, the rest do not."""
