@@ -5,7 +5,9 @@
 # .whl (carried, git-ignored) holds the wheels the lent image lacks: tyro, docstring_parser, typeguard, databento-dbn,
 # arch, zstandard, and boto3, botocore, s3transfer, jmespath (trainer.checkpoint imports boto3).
 # 12 h100 processes at once train 15 (seed, fold) runs in about 500 s cold (docs/RESULTS.md §11): plan ~9 runs, with
-# their --eval-variant runs, per call.
+# their --eval-variant runs, per call. While the machine is still warm (it is given back after 30 s idle), a second call
+# with the same --variant and other --eval-variant reuses the trained folds: a finished base fold exits at once
+# (done_already) and only the new evaluations run (docs/RESULTS.md §12).
 set -uo pipefail
 out=$1; secs=$2; smoke=$3; h100=$4
 if [ -d .whl ]; then
