@@ -12,7 +12,9 @@ paired. Each runs as soon as its BASE fold is trained, in the same worker. Resul
 the table (stdout and DIR/table.md) gives per variant: net PnL per fold (mean over seeds), the OFI rule's net on the
 same windows at one contract and at the agent's position limit (`ofi_rule_max`, the size-matched comparison), win rate,
 trades, time in market, folds stood aside, and how many (seed, fold) runs beat each rule; for runs with the forecast
-input (--agent.forecast-lags), the `forecast_rule_max` baseline too.
+input (--agent.forecast-lags), the `forecast_rule_max` baseline too. Below it (trainer.report.paired): which seeds
+pass every gate, each evaluation variant (and each `--compare NAME:BASE`) against its base run by run, and the IQM over
+seeds of agent − OFI rule per fold with its bootstrap interval.
 """
 from __future__ import annotations
 
@@ -28,6 +30,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from trainer.report import GateConfig  # noqa: E402
+from trainer.report.paired import baseline_edge, paired, seed_gates  # noqa: E402
 
 
 def run_one(out: Path, name: str, flags: str, seed: int, fold: int, args,
@@ -98,6 +101,71 @@ def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> 
     return "\n".join(lines)
 
 
+def load_runs(out: Path, name: str, seeds: list[int], folds: int) -> dict[tuple[int, int], dict]:
+    """{(seed, fold): result.json} of variant `name`, the runs that finished."""
+    runs = {}
+    for seed in seeds:
+        for fold in range(folds):
+            p = out / name / f"seed{seed}" / f"fold{fold}" / "result.json"
+            if p.exists():
+                runs[(seed, fold)] = json.loads(p.read_text())
+    return runs
+
+
+def _pct(x: float | None) -> str:
+    return "–" if x is None else f"{100 * x:+.0f} %"
+
+
+def _iqm(x: dict | None) -> str:
+    if x is None:
+        return "–"
+    ci = "" if x["ci"] is None else f" [{x['ci'][0] / 1e3:+.1f}k, {x['ci'][1] / 1e3:+.1f}k]"
+    return f"{x['iqm'] / 1e3:+.1f}k{ci}"
+
+
+def seed_tables(out: Path, names: list[str], pairs: list[tuple[str, str]], seeds: list[int], folds: int) -> str:
+    """Every gate per seed, each pair (variant, base) run by run, and the IQM of agent − OFI rule per fold
+    (trainer.report.paired)."""
+    runs = {n: load_runs(out, n, seeds, folds) for n in names}
+    lines = ["", "Every gate per seed (`trainer.report.gates` on each seed's folds):", "",
+             "| variant | seeds passing | seeds failing (gates) | seeds missing a fold |", "|---|---|---|---|"]
+    for n in names:
+        g = seed_gates(runs[n], folds)
+        why = ", ".join(f"{s} ({' '.join(g['why'][s])})" for s in g["failed"])
+        lines.append(f"| {n} | {len(g['passed'])} of {len(g['passed']) + len(g['failed'])}: "
+                     f"{', '.join(map(str, g['passed'])) or '–'} | {why or '–'} | "
+                     f"{', '.join(map(str, g['incomplete'])) or '–'} |")
+    if pairs:
+        lines += ["", "Paired, run by run (same seed and fold; an evaluation variant is its base's weights):", "",
+                  "| variant | against | pairs | win rate up (pairs that traded) | win rate change, mean (range) | "
+                  "trips | net (totals) | net per pair, mean (range; pairs whose base netted > 0) |",
+                  "|---|---|---:|---:|---|---:|---:|---|"]
+        for n, b in pairs:
+            p = paired(runs[b], runs[n])
+            wr = "–" if p["win_change_mean"] is None else (
+                f"{p['win_change_mean']:+.3f} ({p['win_change_range'][0]:+.3f} to {p['win_change_range'][1]:+.3f})")
+            nr = "–" if p["net_change_mean"] is None else (
+                f"{_pct(p['net_change_mean'])} ({_pct(p['net_change_range'][0])} to "
+                f"{_pct(p['net_change_range'][1])}; {p['net_change_pairs']})")
+            lines.append(f"| {n} | {b} | {p['pairs']} | {p['win_up']} of {p['win_pairs']} | {wr} | "
+                         f"{_pct(p['trips_change'])} | {_pct(p['net_change'])} | {nr} |")
+    lines += ["", "IQM over seeds of agent − rule net PnL, 95 % stratified-bootstrap interval:", "",
+              "| variant | − `ofi_rule` per fold | all folds | − `ofi_rule_max` per fold | all folds |",
+              "|---|---|---|---|---|"]
+    for n in names:
+        if not runs[n]:
+            continue
+        cells = []
+        for rule in ("ofi_rule", "ofi_rule_max"):
+            if not all(rule in r["baselines"] for r in runs[n].values()):
+                cells += ["–", "–"]
+                continue
+            e = baseline_edge(runs[n], rule, folds)
+            cells += [" / ".join(_iqm(x) for x in e["folds"].values()), _iqm(e["all"])]
+        lines.append(f"| {n} | {' | '.join(cells)} |")
+    return "\n".join(lines)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--out", type=Path, required=True)
@@ -110,6 +178,9 @@ def main() -> int:
     p.add_argument("--variant", action="append", default=[], help="NAME=FLAGS")
     p.add_argument("--eval-variant", action="append", default=[],
                    help="NAME=BASE:FLAGS: BASE's trained folds evaluated with BASE's flags plus FLAGS")
+    p.add_argument("--compare", action="append", default=[],
+                   help="NAME:BASE: pair NAME's runs with BASE's by seed and fold (each --eval-variant is paired with "
+                        "its base without this)")
     p.add_argument("--table-only", action="store_true")
     args = p.parse_args()
     variants = dict(v.split("=", 1) for v in args.variant)
@@ -148,7 +219,15 @@ def main() -> int:
             for finished in pool.map(lambda j: chain(*j), jobs):
                 for name, seed, fold, rc, sec in finished:
                     print(f"{name} seed{seed} fold{fold} rc={rc} {sec:.0f}s", flush=True)
-    text = table(args.out, {**variants, **{n: f for n, (_, f) in evals.items()}}, seeds, args.folds)
+    names = {**variants, **{n: f for n, (_, f) in evals.items()}}
+    pairs = [(n, b) for n, (b, _) in evals.items()]
+    for c in args.compare:
+        name, _, base = c.partition(":")
+        if name not in names or base not in names:
+            p.error(f"--compare {c}: both must be a --variant or --eval-variant of this invocation")
+        pairs.append((name, base))
+    text = table(args.out, names, seeds, args.folds) + "\n" + seed_tables(args.out, list(names), pairs, seeds,
+                                                                          args.folds)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
     return 0

@@ -225,6 +225,14 @@ def stood_aside(result: dict[str, Any]) -> bool:
     return int(result.get("trades", 1) or 0) == 0
 
 
+def gate_row(result: dict[str, Any]) -> dict[str, Any]:
+    """The part of a fold's summary row that `gates` reads, from its result.json: the table metrics, `fold`,
+    `outcome` (traded or stood aside) and `win_rate` (None when it stood aside)."""
+    aside = stood_aside(result)
+    return {**{k: result[k] for k in TABLE_METRICS if k in result}, "fold": result["fold"],
+            "outcome": STOOD_ASIDE if aside else "traded", "win_rate": None if aside else result["win_rate"]}
+
+
 def _gate(rule: str, values: dict[int, float | None], ok, aside: tuple[int, ...] = ()) -> dict[str, Any]:
     """A fold fails when its value breaks the rule or is missing (None: a result.json without that metric); folds
     in `aside` (stood aside) are neither passed nor failed, but the gate needs at least one judged fold."""
@@ -380,13 +388,11 @@ def summarise(run_dir: str | Path, cfg: GateConfig = GateConfig(), leak_cfg: Lea
     expected = max(int(r["folds"]) for r in results)
     folds = []
     for r in results:
-        row = {k: r[k] for k in TABLE_METRICS if k in r}
-        aside = stood_aside(r)
-        row.update({"fold": r["fold"], "eval_window": r.get("eval_window"), "action_freq": r.get("action_freq"),
+        row = gate_row(r)
+        row.update({"eval_window": r.get("eval_window"), "action_freq": r.get("action_freq"),
                     "baselines": {b: {k: v for k, v in m.items() if k != "bar_pnl"}
                                   for b, m in r.get("baselines", {}).items()},
                     "fold_mode": r.get("fold_mode", "independent"),
-                    "outcome": STOOD_ASIDE if aside else "traded", "win_rate": None if aside else r["win_rate"],
                     "trade_stats": None if r.get("trade_pnl") is None
                     else stats.pnl_summary(r["trade_pnl"], "trade", trials, seed=seed)})
         folds.append(row)
