@@ -298,6 +298,22 @@ def test_min_hold_sends_hold_for_a_decision_that_would_end_a_young_trip_and_pass
     assert min_hold(inner, 0, scale) is inner and min_hold(inner, 1, scale) is inner  # off
 
 
+def test_hold_young_rewrites_only_the_direction_of_actions_already_chosen():
+    from trainer.agent.act import hold_young
+    from trainer.sim import FLAT, HOLD, LONG, SHORT
+
+    scale = 50.0
+    env = torch.zeros(4, 7)
+    env[:, 0] = torch.tensor([1 / 3, 1 / 3, -2 / 3, 0.0])
+    tt = torch.tensor([1.0, 4.0, 2.0, 0.0])
+    env[:, 6] = tt / (tt + scale)
+    actions = torch.tensor([[SHORT, 0, 1, 2], [FLAT, 1, 2, 0], [LONG, 2, 0, 1], [FLAT, 2, 2, 2]])
+    got = hold_young(actions, env, 4, scale)
+    # long 1 old reversing: held; long 4 old closing: may; short 2 old reversing: held; flat: nothing to hold
+    assert got.tolist() == [[HOLD, 0, 1, 2], [FLAT, 1, 2, 0], [HOLD, 2, 0, 1], [FLAT, 2, 2, 2]]
+    assert actions[0, 0] == SHORT  # a new tensor: the input is not written
+
+
 def test_under_min_hold_every_trip_a_flipping_policy_opens_lasts_the_minimum_in_the_simulator():
     from trainer.sim import FLAT, LONG, MARKET, SHORT, SimConfig, Simulator
     from trainer.sim.synthetic import random_decision_tape

@@ -90,6 +90,51 @@ def test_per_item_loss_matches_a_slow_double_dqn_c51_reference():
     torch.testing.assert_close(metrics["td_error_mean"], want.mean(), atol=1e-4, rtol=1e-4)
 
 
+def test_train_min_hold_takes_the_targets_a_star_as_the_rule_sends_it():
+    """AgentConfig.train_min_hold_steps: a* at x' is the online argmax, then, where x' holds a trip younger than the
+    minimum, an exit (FLAT or the opposite side) becomes HOLD; checked against the slow reference with that rule in
+    plain Python, on weights where the rule changes some a*."""
+    from trainer.sim.actions import FLAT, HOLD, LONG, SHORT
+
+    h, scale = 4, 50.0
+    cfg = tiny_cfg(env_state_dim=7, train_min_hold_steps=h)
+    learner = perturbed_learner(cfg, time_scale_steps=scale)
+    free = perturbed_learner(tiny_cfg(env_state_dim=7), time_scale_steps=scale)  # the same weights, no rule
+    online, target = copy.deepcopy(learner.online), copy.deepcopy(learner.target)
+    b = random_batch(cfg, batch=32)
+    g = torch.Generator().manual_seed(5)
+    position = torch.tensor([-1.0, 0.0, 1.0])[torch.randint(0, 3, (32,), generator=g)]
+    age = torch.randint(1, 8, (32,), generator=g).float() * (position != 0)
+    nes = b.next_env_state.clone()
+    nes[:, 0], nes[:, 6] = position, age / (age + scale)
+    b = b._replace(next_env_state=nes)
+    with torch.no_grad():
+        next_online = online(b.next_obs, b.next_env_state)
+        next_target = target(b.next_obs, b.next_env_state)
+        logits = online(b.obs, b.env_state)
+    support = online.support.tolist()
+    want, changed = [], 0
+    for i in range(32):
+        per_branch = []
+        for br, n_act in enumerate(cfg.branch_sizes):
+            q_next = [float(expected_q(next_online[i, br, a], online.support)) for a in range(n_act)]
+            a_star = max(range(n_act), key=lambda a: q_next[a])
+            pos, young = float(position[i]), 0 < float(age[i]) < h
+            ends = a_star == FLAT or (a_star == SHORT and pos > 0) or (a_star == LONG and pos < 0)
+            if br == 0 and pos != 0 and young and ends:
+                a_star, changed = HOLD, changed + 1
+            p_next = torch.softmax(next_target[i, br, a_star], -1).tolist()
+            tz = [float(b.return_n[i]) + float(b.discount_n[i]) * z for z in support]
+            m = eq7_reference(tz, p_next, support)
+            log_p = torch.log_softmax(logits[i, br, int(b.action[i, br])], -1).tolist()
+            per_branch.append(-sum(mj * lj for mj, lj in zip(m, log_p)))
+        want.append(sum(per_branch) / len(per_branch))
+    assert changed >= 2  # the rule acted on this batch
+    got = learner.update(b)["priorities"]
+    torch.testing.assert_close(got, torch.tensor(want), atol=1e-4, rtol=1e-4)
+    assert not torch.allclose(free.update(b)["priorities"], got, atol=1e-4)  # without the rule: other targets
+
+
 def test_metrics_are_zero_dim_tensors_and_priorities_per_item():
     cfg = tiny_cfg()
     learner = perturbed_learner(cfg)

@@ -53,6 +53,20 @@ def test_fold_trainer_runs_steps_with_finite_loss_and_counts(capsys):
     assert np.isfinite(last["loss"]) and last["update_step"] == 32
 
 
+def test_training_under_a_minimum_holding_time_never_ends_a_young_trip():
+    """AgentConfig.train_min_hold_steps: the Thompson-sampled behaviour of training sends an exit of a trip younger
+    than the minimum as HOLD, so every trip the training envs close or reverse lasted at least that long; without
+    it the same exploring agent closes trips after 1 decision."""
+    for h, want_min in ((0, 1), (5, 5)):
+        trainer = _trainer(n_envs=32, train_min_hold_steps=h, thompson_scale=1.0)
+        st, ended = trainer.state, []
+        for _ in range(60):
+            age, pos = st.time_in_trade.clone(), st.position.clone()
+            trainer.step_fn.act_and_store()
+            ended += [int(a) for a, p0, p1 in zip(age, pos, st.position) if p0 != 0 and (p1 == 0 or p0 * p1 < 0)]
+        assert len(ended) > 30 and min(ended) == want_min
+
+
 def test_state_dict_round_trip_continues_identically():
     a = _trainer(seed=3)
     for _ in range(12):

@@ -101,16 +101,21 @@ def min_hold(policy: Policy, min_steps: int, time_scale_steps: float) -> Policy:
         return policy
 
     def held(obs: Tensor, env_state: Tensor) -> Tensor:
-        actions = policy(obs, env_state)
-        position = env_state[:, ENV_POSITION]
-        young = (position != 0) & (time_in_trade(env_state, time_scale_steps) < min_steps - 0.5)
-        d = actions[:, 0]
-        ends = (d == FLAT) | ((d == SHORT) & (position > 0)) | ((d == LONG) & (position < 0))
-        actions = actions.clone()
-        actions[:, 0] = torch.where(young & ends, HOLD, d)
-        return actions
+        return hold_young(policy(obs, env_state), env_state, min_steps, time_scale_steps)
 
     return held
+
+
+def hold_young(actions: Tensor, env_state: Tensor, min_steps: int, time_scale_steps: float) -> Tensor:
+    """actions (B, n_branches) with each direction that would end a trip open fewer than `min_steps` decisions (FLAT,
+    or the side opposite the position) replaced by HOLD; `min_hold`'s rule on actions already chosen, so that the
+    deployed policy (LoopConfig.min_hold_steps) and training under the rule (AgentConfig.train_min_hold_steps:
+    acting and the double-DQN target's a*) apply one definition. A new tensor; fixed shapes, no host sync."""
+    position = env_state[:, ENV_POSITION]
+    young = (position != 0) & (time_in_trade(env_state, time_scale_steps) < min_steps - 0.5)
+    d = actions[:, 0]
+    ends = (d == FLAT) | ((d == SHORT) & (position > 0)) | ((d == LONG) & (position < 0))
+    return torch.cat([torch.where(young & ends, HOLD, d).unsqueeze(1), actions[:, 1:]], dim=1)
 
 
 def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore: bool,

@@ -76,6 +76,13 @@ class AgentConfig:
     aux_horizon: int = 4
     """Decision rows ahead of the auxiliary target (>= 1); rows whose horizon runs past the training rows use the
     last training row (the held-out selection slice and the eval window are never read)."""
+    train_min_hold_steps: int = 0
+    """Train under the minimum holding time that deployment can apply (LoopConfig.min_hold_steps): while an env's trip
+    has been open fewer than this many decisions, an action that would end it is sent as HOLD, both when acting
+    (the Thompson-sampled behaviour) and in the double-DQN target (a* at x' as the rule would send it), so the values
+    learned are those of a policy that keeps its positions that long (trainer.agent.act.hold_young). 0 or 1 = off.
+    It does not change deployment: pass the same value as `--loop.min-hold-steps` to deploy what was trained
+    (docs/RESULTS.md §13)."""
 
     # --- deployment --------------------------------------------------------------------------
     mirror: bool = False
@@ -207,6 +214,9 @@ class AgentConfig:
             raise bad("aux_weight", "must be finite and >= 0")
         if not isinstance(self.aux_horizon, int) or isinstance(self.aux_horizon, bool) or self.aux_horizon < 1:
             raise bad("aux_horizon", "must be an integer >= 1")
+        if (not isinstance(self.train_min_hold_steps, int) or isinstance(self.train_min_hold_steps, bool)
+                or self.train_min_hold_steps < 0):
+            raise bad("train_min_hold_steps", "must be an integer >= 0")
         for f, least in (("forecast_lags", 0), ("forecast_horizon", 1)):
             value = getattr(self, f)
             if not isinstance(value, int) or isinstance(value, bool) or value < least:

@@ -26,7 +26,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from trainer.agent.act import mirrored_greedy, select_actions, thompson_scale_at
+from trainer.agent.act import hold_young, mirrored_greedy, select_actions, thompson_scale_at
 from trainer.agent.c51 import project_distribution
 from trainer.agent.config import AgentConfig
 from trainer.agent.controllers import Controllers
@@ -61,11 +61,13 @@ class UpdateKernels(NamedTuple):
 
 class Learner:
     def __init__(self, net: QNetwork, cfg: AgentConfig, device: torch.device | str, adaptive: bool = True,
-                 overlap: bool = True):
+                 overlap: bool = True, time_scale_steps: float = 50.0):
         """`adaptive=False` freezes lr, clip and tau at cfg.lr, cfg.clip_init and cfg.tau. `overlap` runs the
         double-DQN target (two forwards at x') on a side CUDA stream, concurrently with the online forward at x
-        (trainer/streams.py; same values, nothing on CPU)."""
+        (trainer/streams.py; same values, nothing on CPU). `time_scale_steps`: SimConfig's, to read a trip's age
+        from the env state (AgentConfig.train_min_hold_steps)."""
         self.cfg = cfg
+        self.time_scale_steps = float(time_scale_steps)
         self.device = torch.device(device)
         # The online and the target net's forwards at x', on the learner's priority (the step's critical path).
         self.side = SideStream(self.device, enabled=overlap, priority=HIGH_PRIORITY)
@@ -181,9 +183,17 @@ class Learner:
 
     @torch.no_grad()
     def _greedy_actions(self, next_obs: Tensor, next_env_state: Tensor) -> Tensor:
-        """Double DQN's selection: a* = argmax E[Q] of the online net at x', per branch. (B, nb) int64."""
+        """Double DQN's selection: a* = argmax E[Q] of the online net at x', per branch, as the minimum holding time
+        of training sends it (AgentConfig.train_min_hold_steps; none by default). (B, nb) int64."""
         next_q = expected_q(self.online(next_obs, next_env_state), self.online.support)  # (B, nb, A_max)
-        return next_q.masked_fill(~self.online.action_mask, float("-inf")).argmax(-1)
+        a = next_q.masked_fill(~self.online.action_mask, float("-inf")).argmax(-1)
+        return self.hold_young(a, next_env_state)
+
+    def hold_young(self, actions: Tensor, env_state: Tensor) -> Tensor:
+        """`actions` under AgentConfig.train_min_hold_steps (trainer.agent.act.hold_young); `actions` itself when off."""
+        if self.cfg.train_min_hold_steps <= 1:
+            return actions
+        return hold_young(actions, env_state, self.cfg.train_min_hold_steps, self.time_scale_steps)
 
     @torch.no_grad()
     def _target_logits(self, next_obs: Tensor, next_env_state: Tensor) -> Tensor:

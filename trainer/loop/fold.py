@@ -151,7 +151,8 @@ class FoldTrainer:
             "graph" if dev.type == "cuda" and not lc.deterministic else "eager")
         # Side streams pay off in a captured graph only: an eager step is host-bound, and they cost it host time.
         overlap = lc.overlap and self.mode == "graph" and not lc.deterministic
-        self.learner = Learner(QNetwork(self.agent_cfg), self.agent_cfg, dev, overlap=overlap)
+        self.learner = Learner(QNetwork(self.agent_cfg), self.agent_cfg, dev, overlap=overlap,
+                               time_scale_steps=cfg.sim.time_scale_steps)
         if self.agent_cfg.aux_weight > 0:  # the training rows' own future mid change (trainer/agent/aux.py)
             target = mid_change_target(tape.bid_px[:, 0], tape.ask_px[:, 0], train.start, train_stop,
                                        self.agent_cfg.aux_horizon)

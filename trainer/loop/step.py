@@ -217,14 +217,17 @@ class TrainStep:
         env_state = self.sim.env_features(self.state)
         if self.table_rows is None:
             obs = gather_windows(self.features, row, self.window)  # (n_envs, W, F)
-            return row, env_state, self.learner.act(obs, env_state, explore=True)
-        net = self.learner.online
-        with torch.no_grad():
-            z_table = net.encoder(gather_windows(self.features, self.table_rows, self.window))  # (R, d_model)
-            z = z_table.index_select(0, row - self.table_rows[0])  # (n_envs, d_model)
-            logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
-            return row, env_state, select_actions(logits, net.support, net.action_mask, explore=True,
-                                                  noise_scale=self.learner.thompson_scale())
+            actions = self.learner.act(obs, env_state, explore=True)
+        else:
+            net = self.learner.online
+            with torch.no_grad():
+                z_table = net.encoder(gather_windows(self.features, self.table_rows, self.window))  # (R, d_model)
+                z = z_table.index_select(0, row - self.table_rows[0])  # (n_envs, d_model)
+                logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
+                actions = select_actions(logits, net.support, net.action_mask, explore=True,
+                                         noise_scale=self.learner.thompson_scale())
+        # AgentConfig.train_min_hold_steps: exits of young trips sent as HOLD (no-op when off)
+        return row, env_state, self.learner.hold_young(actions, env_state)
 
     def _store(self, row: torch.Tensor, env_state: torch.Tensor, actions: torch.Tensor, reward: torch.Tensor,
                done: torch.Tensor, truncated: torch.Tensor) -> None:
