@@ -116,6 +116,28 @@ def test_shrunk_thompson_draws_prefer_the_higher_mean_over_a_wider_distribution(
     assert torch.equal(greedy, select_actions(logits, support, mask, explore=False)[:, 0])
 
 
+def test_branch_epsilon_randomises_the_other_branches_uniformly_over_valid_actions_and_leaves_the_direction():
+    # κ = 0: without ε every branch takes its greedy action. Branch 1 has 3 valid actions of 4 (the last is padding).
+    n, eps = 40_000, 0.3
+    support = make_support(-1.0, 1.0, 11)
+    logits = torch.randn(1, 2, 4, 11, generator=torch.Generator().manual_seed(2)).expand(n, 2, 4, 11)
+    mask = torch.tensor([[True] * 4, [True, True, True, False]])
+    greedy = select_actions(logits, support, mask, explore=False)[0]
+    torch.manual_seed(0)
+    got = select_actions(logits, support, mask, explore=True, noise_scale=0.0, branch_epsilon=eps)
+    assert bool((got[:, 0] == greedy[0]).all())  # the direction: its draw, untouched
+    freq = torch.bincount(got[:, 1], minlength=4).float() / n
+    # each other valid action: ε/3; the greedy one: 1 − ε + ε/3; the padded one never
+    want = torch.full((4,), eps / 3)
+    want[greedy[1]] += 1 - eps
+    want[3] = 0.0
+    assert torch.allclose(freq, want, atol=0.01), (freq, want)
+    assert torch.equal(select_actions(logits[:8], support, mask, explore=True, noise_scale=0.0, branch_epsilon=0.0),
+                       greedy.expand(8, 2))
+    with pytest.raises(ValueError, match="branch_epsilon"):
+        select_actions(logits[:2], support, mask, explore=False, branch_epsilon=0.1)
+
+
 def test_thompson_scale_one_draws_exactly_the_plain_thompson_actions():
     support = make_support(-1.0, 1.0, 11)
     logits = torch.randn(64, 4, 4, 11, generator=torch.Generator().manual_seed(3))

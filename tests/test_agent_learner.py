@@ -135,6 +135,17 @@ def test_train_min_hold_takes_the_targets_a_star_as_the_rule_sends_it():
     assert not torch.allclose(free.update(b)["priorities"], got, atol=1e-4)  # without the rule: other targets
 
 
+def test_branch_epsilon_explores_the_other_branches_in_training_acting_only():
+    learner = perturbed_learner(tiny_cfg(thompson_scale=0.0, branch_epsilon=1.0))  # κ 0: the draws are greedy
+    b = random_batch(learner.cfg, batch=64)
+    greedy = learner.act(b.obs, b.env_state, explore=False)
+    torch.manual_seed(0)
+    explored = learner.act(b.obs, b.env_state, explore=True)
+    assert torch.equal(explored[:, 0], greedy[:, 0])          # the direction as κ = 0 draws it
+    assert not torch.equal(explored[:, 1:], greedy[:, 1:])    # the others uniformly random at ε = 1
+    assert torch.equal(learner.act(b.obs, b.env_state, explore=False), greedy)
+
+
 def test_metrics_are_zero_dim_tensors_and_priorities_per_item():
     cfg = tiny_cfg()
     learner = perturbed_learner(cfg)

@@ -119,12 +119,17 @@ def hold_young(actions: Tensor, env_state: Tensor, min_steps: int, time_scale_st
 
 
 def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore: bool,
-                   noise_scale: Tensor | float = 1.0, flat_margin: Tensor | float = 0.0) -> Tensor:
+                   noise_scale: Tensor | float = 1.0, flat_margin: Tensor | float = 0.0,
+                   branch_epsilon: float = 0.0) -> Tensor:
     """logits (B, n_branches, A_max, N); support (N,); action_mask (n_branches, A_max) bool.
     Returns actions (B, n_branches) int64: Thompson draws shrunk by `noise_scale` towards E[Q] when `explore`
-    (see the module docstring), else argmax E[Q], FLAT's score raised by `flat_margin` (`flat_bonus`; greedy only)."""
+    (see the module docstring), else argmax E[Q], FLAT's score raised by `flat_margin` (`flat_bonus`; greedy only).
+    `branch_epsilon` (explore only; AgentConfig.branch_epsilon): each branch but the direction (branch 0) takes, with
+    this probability and independently per env and branch, a uniformly random valid action instead of its draw."""
     if explore and (isinstance(flat_margin, Tensor) or flat_margin != 0.0):
         raise ValueError("flat_margin applies to greedy decisions only (explore=False)")
+    if branch_epsilon and not explore:
+        raise ValueError("branch_epsilon applies to exploring decisions only (explore=True)")
     if not explore:
         score = flat_bonus(expected_q(logits, support), flat_margin)  # (B, nb, A_max)
     elif isinstance(noise_scale, float) and noise_scale == 1.0:
@@ -132,6 +137,12 @@ def select_actions(logits: Tensor, support: Tensor, action_mask: Tensor, explore
     else:
         mean = expected_q(logits, support)
         score = mean + noise_scale * (thompson_returns(logits, support) - mean)
+    if branch_epsilon > 0.0:
+        b, nb, a_max = score.shape
+        uniform = torch.rand(b, nb, a_max, device=score.device)  # argmax over the valid ones: a uniform valid action
+        coin = torch.rand(b, nb, 1, device=score.device) < branch_epsilon
+        coin[:, 0] = False  # the direction explores by its draws alone
+        score = torch.where(coin, uniform, score)
     score = score.masked_fill(~action_mask, float("-inf"))
     return score.argmax(dim=-1)
 

@@ -66,6 +66,11 @@ class AgentConfig:
     """κ after the anneal: κ moves linearly from `thompson_scale` to this over `thompson_anneal_updates`."""
     thompson_anneal_updates: int = 0
     """Gradient steps of the linear κ anneal (0: κ stays `thompson_scale`)."""
+    branch_epsilon: float = 0.0
+    """ε of the branches other than the direction (magnitude, order type, urgency) in training: with this
+    probability, independently per env, branch and step, the branch takes a uniformly random valid action instead
+    of its Thompson draw (trainer.agent.act.select_actions). The direction keeps its draws: κ-shrunk draws are close
+    to greedy on the branches whose distributions hardly overlap, and ε explores those. 0 = off."""
 
     # --- auxiliary prediction ----------------------------------------------------------------
     aux_weight: float = 0.0
@@ -225,6 +230,8 @@ class AgentConfig:
             raise bad("forecast_ridge", "must be finite and > 0")
         if self.mirror and self.forecast_lags > 0:
             raise bad("mirror", "cannot be combined with forecast_lags > 0 (the forecast column has no reflection)")
+        if not (math.isfinite(self.branch_epsilon) and 0.0 <= self.branch_epsilon <= 1.0):
+            raise bad("branch_epsilon", "must be in [0, 1]")
         if not isinstance(self.thompson_anneal_updates, int) or self.thompson_anneal_updates < 0:
             raise bad("thompson_anneal_updates", "must be an integer >= 0")
         if self.kill_warmup_samples < 3:

@@ -107,7 +107,7 @@ class Learner:
         raised by `flat_margin`: trainer.agent.act.flat_bonus)."""
         logits = self.online(obs, env_state)
         return select_actions(logits, self.online.support, self.online.action_mask, explore, self.thompson_scale(),
-                              flat_margin)
+                              flat_margin, self.cfg.branch_epsilon if explore else 0.0)
 
     def act_mirrored(self, obs: Tensor, env_state: Tensor, obs_reflected: Tensor, env_reflected: Tensor,
                      flat_margin: Tensor | float = 0.0) -> Tensor:

@@ -225,7 +225,8 @@ class TrainStep:
                 z = z_table.index_select(0, row - self.table_rows[0])  # (n_envs, d_model)
                 logits = net.head(z, env_state)  # (n_envs, n_branches, A_max, n_atoms)
                 actions = select_actions(logits, net.support, net.action_mask, explore=True,
-                                         noise_scale=self.learner.thompson_scale())
+                                         noise_scale=self.learner.thompson_scale(),
+                                         branch_epsilon=self.learner.cfg.branch_epsilon)
         # AgentConfig.train_min_hold_steps: exits of young trips sent as HOLD (no-op when off)
         return row, env_state, self.learner.hold_young(actions, env_state)
 
