@@ -21,7 +21,7 @@ from trainer.report import GateConfig, gate_row, gates, stood_aside, stats
 Runs = Mapping[tuple[int, int], Mapping[str, Any]]
 
 
-def seed_gates(runs: Runs, folds: int, cfg: GateConfig = GateConfig()) -> dict[str, list[int]]:
+def seed_gates(runs: Runs, folds: int, cfg: GateConfig = GateConfig()) -> dict[str, Any]:
     """Seeds whose `folds` folds all pass every gate (`passed`), those with a failing gate (`failed`, with the gate
     names in `why`), and those missing a fold (`incomplete`)."""
     out: dict[str, Any] = {"passed": [], "failed": [], "incomplete": [], "why": {}}
