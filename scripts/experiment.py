@@ -52,23 +52,20 @@ def run_one(out: Path, name: str, flags: str, seed: int, fold: int, args,
     return name, seed, fold, rc, time.time() - t0
 
 
-def table(out: Path, variants: dict[str, str], seeds: list[int], folds: int) -> str:
+def table(results: dict[str, dict[tuple[int, int], dict]], folds: int) -> str:
+    """The variants' table; `results`: variant -> `load_runs`."""
     lines = ["| variant | agent net per fold (mean over seeds) | OFI net per fold | OFI max net per fold | agent total | "
              "OFI total | OFI max total | beats OFI (runs) | beats OFI max (runs) | win rate | trades | time in market | "
              "stood aside | val best net | win & hold gates (runs) | forecast rule net per fold, beats it (runs) |",
              "|---|---|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---|"]
     gates = GateConfig()
-    for name in variants:
+    for name, done in results.items():
         per_fold, ofi_fold, max_fold, wins, trades, tim, aside, beats, runs, val = [], [], [], [], [], [], 0, 0, 0, []
         gated = beats_max = beats_fc = 0
         fc_fold: list[float] = []
         for fold in range(folds):
             nets, ofis, maxes, fcs = [], [], [], []
-            for seed in seeds:
-                p = out / name / f"seed{seed}" / f"fold{fold}" / "result.json"
-                if not p.exists():
-                    continue
-                r = json.loads(p.read_text())
+            for r in (r for (_, f), r in sorted(done.items()) if f == fold):
                 ofi = r["baselines"]["ofi_rule"]["net_pnl"]
                 big = r["baselines"].get("ofi_rule_max", {}).get("net_pnl", float("nan"))  # absent before 2026-12-05
                 nets.append(r["net_pnl"]), ofis.append(ofi), maxes.append(big)
@@ -123,10 +120,10 @@ def _iqm(x: dict | None) -> str:
     return f"{x['iqm'] / 1e3:+.1f}k{ci}"
 
 
-def seed_tables(out: Path, names: list[str], pairs: list[tuple[str, str]], seeds: list[int], folds: int) -> str:
+def seed_tables(runs: dict[str, dict[tuple[int, int], dict]], pairs: list[tuple[str, str]], folds: int) -> str:
     """Every gate per seed, each pair (variant, base) run by run, and the IQM of agent − OFI rule per fold
-    (trainer.report.paired)."""
-    runs = {n: load_runs(out, n, seeds, folds) for n in names}
+    (trainer.report.paired); `runs`: variant -> `load_runs`."""
+    names = list(runs)
     lines = ["", "Every gate per seed (`trainer.report.gates` on each seed's folds):", "",
              "| variant | seeds passing | seeds failing (gates) | seeds missing a fold |", "|---|---|---|---|"]
     for n in names:
@@ -226,8 +223,8 @@ def main() -> int:
         if name not in names or base not in names:
             p.error(f"--compare {c}: both must be a --variant or --eval-variant of this invocation")
         pairs.append((name, base))
-    text = table(args.out, names, seeds, args.folds) + "\n" + seed_tables(args.out, list(names), pairs, seeds,
-                                                                          args.folds)
+    results = {n: load_runs(args.out, n, seeds, args.folds) for n in names}  # each result.json read once
+    text = table(results, args.folds) + "\n" + seed_tables(results, pairs, args.folds)
     (args.out / "table.md").write_text(text + "\n")
     print(text)
     return 0
