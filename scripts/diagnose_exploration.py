@@ -45,7 +45,7 @@ def main() -> int:
                                                         "select_frac": 0.0, "max_exposure": 1.0},
                                   agent={"thompson_scale": 1.0, "mirror": False})
     fs, _ = load_or_build(cfg.data, cfg.features, Path(args.fxcache))
-    train_w, _ = fold_windows(walk_forward_windows(fs.raw.shape[0], 3), 0)
+    train_w, _ = fold_windows(walk_forward_windows(fs.raw.shape[0], 3), 0, train_window=cfg.folds.train_window)
     features = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw)
     torch.manual_seed(args.seed)
     trainer = FoldTrainer(cfg, features, fs.decision, Window(train_w.start, train_w.stop), 0)

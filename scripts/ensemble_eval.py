@@ -111,7 +111,7 @@ def main() -> int:
                 fees = venue_fees(cfg.data, fs.decision.bid_px[:, 0], fs.decision.ask_px[:, 0], fs.decision.tick_value)
                 cfg = cfg.replace(sim={"maker_fee": fees["maker_fee"], "taker_fee": fees["taker_fee"]})
             windows = walk_forward_windows(fs.raw.shape[0], cfg.folds.folds, embargo_rows=cfg.folds.embargo_rows)
-            train_w, eval_w = fold_windows(windows, n)
+            train_w, eval_w = fold_windows(windows, n, train_window=cfg.folds.train_window)
             # --mirror: the reflected inputs as the folds build them (AgentConfig.mirror refuses the forecast input)
             inputs_cfg = cfg.replace(agent={"mirror": True}) if args.mirror else cfg
             feats, names, reflected = fold_inputs(inputs_cfg, fs.raw, fs.names, fs.decision,

@@ -42,6 +42,7 @@ from trainer.folds.baselines import OfiRuleConfig, ofi_rule_policy  # noqa: E402
 from trainer.folds.evaluate import evaluate  # noqa: E402
 from trainer.folds.windows import fold_windows, walk_forward_windows  # noqa: E402
 from trainer.loop.config import preset  # noqa: E402
+from trainer.settings import TRAIN_WINDOWS  # noqa: E402
 from trainer.sim import FLAT, HOLD  # noqa: E402
 from trainer.sim.actions import BRANCH_SIZES  # noqa: E402
 
@@ -68,6 +69,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--data", default="synthetic:seed=11,days=8,signal=1")
     ap.add_argument("--preset", default="h100")
     ap.add_argument("--folds", type=int, default=3)
+    ap.add_argument("--train-window", choices=TRAIN_WINDOWS, default="rolling",
+                    help="what each fold's normaliser, probe and forecast are fitted on (FoldConfig.train_window)")
     ap.add_argument("--thresholds", default="0.5,1,1.5")
     ap.add_argument("--magnitude", type=int, default=BRANCH_SIZES[1] - 1,
                     help="magnitude choice of the rules (default 2: the position limit, as ofi_rule_max)")
@@ -77,7 +80,7 @@ def main(argv: list[str] | None = None) -> int:
     if parse_spec(args.data).kind != "synthetic":
         raise SystemExit("--data must be a synthetic spec: only the generator knows the latent pressure")
 
-    cfg = preset(args.preset).replace(data=args.data, folds={"folds": args.folds})
+    cfg = preset(args.preset).replace(data=args.data, folds={"folds": args.folds, "train_window": args.train_window})
     cache = Path(args.fxcache) if args.fxcache else Path(tempfile.mkdtemp(prefix="ceiling-fx-"))
     fs, _ = load_or_build(cfg.data, cfg.features, cache)
     if cfg.sim.fees == "venue":
@@ -92,7 +95,7 @@ def main(argv: list[str] | None = None) -> int:
           f"{np.corrcoef(pressure, fs.raw[:, names.index('ofi_sum')])[0, 1]:.3f}")
     print(f"{'rule':<22}{'fold':>5}{'win':>8}{'net':>10}{'trades':>8}{'in mkt':>8}{'mid hit':>9}{'cont win':>9}")
     for n in range(cfg.folds.folds):
-        train_w, eval_w = fold_windows(windows, n)
+        train_w, eval_w = fold_windows(windows, n, train_window=cfg.folds.train_window)
         feats = Normaliser.fit(fs.raw[train_w.start:train_w.stop]).apply(fs.raw)
         fit = slice(train_w.start, train_w.stop)
         probe = ridge_forecast(feats, pressure, fit, args.lags, ridge=1.0)

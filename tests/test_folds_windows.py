@@ -45,6 +45,34 @@ def test_fold_i_trains_on_window_i_and_evaluates_on_window_i_plus_1():
         fold_windows(ws, -1)
 
 
+def test_anchored_fold_trains_from_window_0_start_to_window_i_stop_embargoes_included():
+    ws = walk_forward_windows(100, 3, embargo_rows=2)
+    assert _spans(ws) == [(0, 25), (27, 50), (52, 75), (77, 100)]
+    assert _spans(fold_windows(ws, 2, train_window="anchored")) == [(0, 75), (77, 100)]
+    assert _spans(fold_windows(ws, 2, train_window="rolling")) == [(52, 75), (77, 100)]
+    assert _spans(fold_windows(ws, 1, train_window="anchored")) == [(0, 50), (52, 75)]
+
+
+def test_fold_0_is_the_same_under_both_train_windows():
+    ws = walk_forward_windows(100, 3, embargo_rows=2)
+    assert fold_windows(ws, 0, train_window="anchored") == fold_windows(ws, 0, train_window="rolling") \
+        == (Window(0, 25), Window(27, 50))
+
+
+def test_anchored_fold_on_day_windows_starts_at_the_first_day():
+    # 5 days of 2, 3, 1, 2, 2 rows; 3 windows start at days round(j * 5 / 3) = 0, 2, 3 -> rows [0, 5), [5, 6), [6, 10)
+    day = np.repeat([0, 1, 2, 3, 4], [2, 3, 1, 2, 2])
+    ws = walk_forward_windows(day.size, 2, day_index=day)
+    assert _spans(ws) == [(0, 5), (5, 6), (6, 10)]
+    assert _spans(fold_windows(ws, 1, train_window="anchored")) == [(0, 6), (6, 10)]
+
+
+def test_unknown_train_window_is_refused_naming_the_choices():
+    ws = walk_forward_windows(90, 2)
+    with pytest.raises(ValueError, match=r"train_window must be one of \('rolling', 'anchored'\), got 'expanding'"):
+        fold_windows(ws, 1, train_window="expanding")
+
+
 def test_day_windows_cut_only_at_day_boundaries():
     # 5 days of unequal length: 4, 1, 3, 2, 5 rows.
     day = np.repeat([10, 11, 12, 13, 14], [4, 1, 3, 2, 5])

@@ -51,6 +51,16 @@ def test_all_gates_pass_and_t_statistic_of_fold_net_pnl(tmp_path):
     assert s["folds"][1]["baselines"]["ofi_rule"]["win_rate"] == 0.6
 
 
+def test_fold_rows_carry_the_rows_each_fold_trained_and_was_evaluated_on(tmp_path):
+    """An anchored run's fold 1 trained on windows 0 and 1, [0, 20); summary.json shows it beside the eval rows."""
+    for i in range(2):
+        r = _fold(tmp_path, i, folds=2)
+        r["train_window"] = [0, 10 * (i + 1)]
+        (tmp_path / f"fold{i}" / "result.json").write_text(json.dumps(r))
+    rows = summarise(tmp_path)["folds"]
+    assert [(f["train_window"], f["eval_window"]) for f in rows] == [([0, 10], [10, 20]), ([0, 20], [20, 30])]
+
+
 @pytest.mark.parametrize("field, value, gate", [
     ("win", 0.54, "win_rate_every_fold"),
     ("hold", 0.75, "hold_frac"),

@@ -460,7 +460,8 @@ def _fold_trainer_for(run_dir: Path, fxcache: Path):
     cfg = parse(train_cmd(run_dir, fxcache)[3:]).config
     fs, skipped = load_or_build(cfg.data, cfg.features, fxcache)
     assert skipped  # the baseline built the cache
-    train_w, _ = fold_windows(walk_forward_windows(fs.raw.shape[0], cfg.folds.folds), 0)
+    train_w, _ = fold_windows(walk_forward_windows(fs.raw.shape[0], cfg.folds.folds), 0,
+                              train_window=cfg.folds.train_window)
     window = Window(train_w.start, train_w.stop)
     features, _, reflected = fold_inputs(cfg, fs.raw, list(fs.names), fs.decision, window)  # as train.py builds them
     quiet = JsonLog(0, out=io.StringIO(), err=io.StringIO())
@@ -527,11 +528,12 @@ def _check_many_offsets(tmp_path: Path, workdir: Path, fxcache: Path, interrupte
     (("--folds", "4"), ["folds.folds"]),
     (("--embargo-rows", "7"), ["folds.embargo_rows"]),
     (("--fold-mode", "chain"), ["folds.fold_mode"]),
+    (("--folds.train-window", "anchored"), ["folds.train_window"]),
     (("--eval.n-envs", "8"), ["eval.n_envs"]),
     (("--eval.bar-seconds", "60"), ["eval.bar_seconds"]),
     (("--eval.day-offset-hours", "-2"), ["eval.day_offset_hours"]),
     (("--chain.shrink-alpha", "0.5"), ["chain.shrink_alpha"]),
-], ids=["n-envs", "encoder", "folds", "embargo-rows", "fold-mode", "eval-n-envs", "eval-bar-seconds",
+], ids=["n-envs", "encoder", "folds", "embargo-rows", "fold-mode", "train-window", "eval-n-envs", "eval-bar-seconds",
         "eval-day-offset", "chain-shrink-alpha"])
 def test_mismatching_config_on_same_run_dir_is_refused_with_exit_2_naming_fields(change, fields, workdir, fxcache,
                                                                                 baseline):
@@ -564,9 +566,27 @@ def test_run_json_records_fold_geometry_eval_and_chain_settings(baseline):
     """run.json (one per run, shared by its folds) holds every section of the resolved config but the fold index."""
     baseline_dir, _ = baseline
     config = json.loads((baseline_dir / "run.json").read_text())["config"]
-    assert config["folds"] == {"folds": 3, "embargo_rows": 0, "fold_mode": "independent", "chain_wait_seconds": 0.0}
+    assert config["folds"] == {"folds": 3, "embargo_rows": 0, "train_window": "rolling", "fold_mode": "independent",
+                               "chain_wait_seconds": 0.0}
     assert config["eval"]["n_envs"] == 64 and config["eval"]["bar_seconds"] == 300  # the smoke preset's
     assert config["chain"]["shrink_alpha"] == 0.8 and config["sim"]["n_envs"] == 16
+
+
+def test_anchored_fold_1_trains_from_window_0_start_through_fold_0s_eval_window(workdir, fxcache, baseline):
+    """--folds.train-window anchored: fold 1 trains on windows 0 and 1, so its training rows begin where fold 0's
+    do and end where fold 0's evaluation rows end (no embargo); it is evaluated on window 2, and model selection's
+    held-out slice is the end of that longer window."""
+    baseline_dir, _ = baseline
+    fold0 = json.loads((fold_dir(baseline_dir) / "result.json").read_text())
+    run_dir = workdir / "anchored"
+    done = run_trainer(train_cmd(run_dir, fxcache, "--fold", "1", "--folds.train-window", "anchored"))
+    assert done.rc == 0, done.stderr
+    fold1 = json.loads((run_dir / "fold1" / "result.json").read_text())
+    assert fold0["train_window"][0] == 0 and fold0["train_window"][1] == fold0["eval_window"][0]
+    assert fold1["train_window"] == [0, fold0["eval_window"][1]]
+    assert fold1["eval_window"][0] == fold0["eval_window"][1] and fold1["fold"] == 1
+    assert fold1["select_rows"][1] == fold0["eval_window"][1] > fold1["select_rows"][0] > fold0["eval_window"][0]
+    assert json.loads((run_dir / "run.json").read_text())["config"]["folds"]["train_window"] == "anchored"
 
 
 # ──────────────────────────────────────────────────────────────────────── 6. S3: restore from the mirror
@@ -690,8 +710,10 @@ def test_evaluate_from_deploys_a_trading_fold_under_the_cap_and_hysteresis_it_is
 
 @pytest.mark.parametrize(("extra", "keep", "match"), [
     (("--agent.lr", "1e-4"), None, "config.agent.lr (run "),  # a training field: not the same trained fold
+    # the rows a fold trains on are training too, even where (fold 0) both choices give the same rows
+    (("--folds.train-window", "anchored"), None, "config.folds.train_window (run "),
     ((), f"checkpoint-{N_STEPS - CHECKPOINT_EVERY:012d}.bin", "not a finished training"),  # the newest checkpoint is not final
-], ids=["training-field", "unfinished"])
+], ids=["training-field", "train-window", "unfinished"])
 def test_evaluate_from_refuses_another_training_or_an_unfinished_one_with_exit_2(extra, keep, match, workdir, fxcache,
                                                                                 baseline):
     baseline_dir, _ = baseline
@@ -700,7 +722,7 @@ def test_evaluate_from_refuses_another_training_or_an_unfinished_one_with_exit_2
         src = workdir / f"unfinished-{keep}" / "fold0"
         src.mkdir(parents=True)
         shutil.copy2(fold_dir(baseline_dir) / keep, src / keep)
-    run_dir = workdir / f"evaluate-refused-{keep is None}"
+    run_dir = workdir / f"evaluate-refused-{'-'.join(extra).strip('-') or 'unfinished'}"
     refused = run_trainer(train_cmd(run_dir, fxcache, *extra, "--evaluate-from", str(src)))
     assert refused.rc == 2
     assert refused.stderr.strip().splitlines()[-1].startswith("error: ") and match in refused.stderr

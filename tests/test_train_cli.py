@@ -143,8 +143,19 @@ def test_help_lists_every_section_and_the_presets(capsys):
     assert "{" + ",".join(PRESET_NAMES) + "}" in text
 
 
+def test_train_window_flag_picks_anchored_folds_and_defaults_to_rolling():
+    assert _cfg("--folds.train-window", "anchored").folds.train_window == "anchored"
+    assert _cfg().folds.train_window == _cfg("--preset", "h100").folds.train_window == "rolling"
+
+
+def test_a_train_window_the_folds_do_not_know_is_refused_naming_the_field_and_the_choices():
+    with pytest.raises(ValueError, match=r"FoldConfig.train_window must be one of \('rolling', 'anchored'\), "
+                                         r"got 'expanding'"):
+        preset("smoke").replace(folds={"train_window": "expanding"})
+
+
 @pytest.mark.parametrize("bad", [["--compile", "everything"], ["--inventory-penalty", "x"], ["--preset", "h200"],
-                                 ["--sim.no-such-field", "1"]])
+                                 ["--sim.no-such-field", "1"], ["--folds.train-window", "expanding"]])
 def test_malformed_flags_exit_2(bad):
     with pytest.raises(SystemExit) as exc:
         _cfg(*bad)
@@ -259,7 +270,8 @@ def test_fingerprint_holds_fold_geometry_eval_and_chain_but_not_the_fold_index_o
     assert _fp(base.replace(folds={"fold": 2})) == _fp(base)
     assert _fp(base.replace(folds={"chain_wait_seconds": 60.0})) == _fp(base)
     for section, change in (("folds", {"folds": 4}), ("folds", {"embargo_rows": 3}), ("folds", {"fold_mode": "chain"}),
-                            ("eval", {"n_envs": 8}), ("chain", {"shrink_alpha": 0.5})):
+                            ("folds", {"train_window": "anchored"}), ("eval", {"n_envs": 8}),
+                            ("chain", {"shrink_alpha": 0.5})):
         fp = _fp(base.replace(**{section: change}))
         (name,) = change
         assert fp != _fp(base) and fp["config"][section][name] == change[name], (section, change)

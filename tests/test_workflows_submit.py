@@ -100,12 +100,34 @@ def test_compile_reaches_the_trainer_only_when_given():
     assert args[args.index("--compile") + 1] == "{{workflow.parameters.compile}}"
 
 
+@pytest.mark.parametrize(("flags", "train_window"), [(["--train-window", "anchored"], "anchored"), ([], "rolling")])
+def test_train_window_reaches_the_trainer_as_its_folds_flag_and_otherwise_the_preset_decides(flags, train_window):
+    """submit --train-window -> workflow parameter -> the train-fold pod's `--folds.train-window` -> the trainer's
+    config, through the local runner's substitution and workflows.launch; not given, launch drops the `""` pair."""
+    from trainer.cli import parse
+    from workflows.launch import drop_empty_flags
+    from workflows.local import substitute
+
+    rendered = render()
+    params = {p["name"]: p.get("value") for p in rendered["spec"]["arguments"]["parameters"]}
+    params.update(workflow_parameters(_parser().parse_args(flags), SHA))
+    assert params["train-window"] == (train_window if flags else "")
+    train = next(t for t in rendered["spec"]["templates"] if t["name"] == "train-fold")
+    variables = {**{f"workflow.parameters.{k}": v for k, v in params.items()}, "inputs.parameters.fold": "1",
+                 "retries": "0"}
+    module, *args = drop_empty_flags(substitute(train["container"]["args"], variables))
+    assert module == "trainer.train" and ("--folds.train-window" in args) == bool(flags)
+    cfg = parse(args).config
+    assert cfg.folds.train_window == train_window and cfg.folds.fold == 1
+
+
 def test_choices_are_the_trainers_own_and_submitting_imports_no_torch():
     """submit offers the trainer's choices (trainer.settings, torch-free), not copies; importing it loads no torch."""
-    from trainer.settings import COMPILE_CHOICES, FOLD_MODES, PRESET_NAMES
+    from trainer.settings import COMPILE_CHOICES, FOLD_MODES, PRESET_NAMES, TRAIN_WINDOWS
 
     by_dest = {a.dest: a.choices for a in _parser()._actions}
     assert by_dest["compile"] is COMPILE_CHOICES and by_dest["fold_mode"] is FOLD_MODES
+    assert by_dest["train_window"] is TRAIN_WINDOWS
     assert by_dest["preset"] is PRESET_NAMES
     with pytest.raises(SystemExit):
         _parser().parse_args(["--preset", "h200"])

@@ -18,19 +18,24 @@ from typing import Any, Literal, Mapping, get_args
 
 from trainer.agent.config import ENCODERS, SCANS
 
-__all__ = ["COMPILE_CHOICES", "MODES", "DEVICES", "FOLD_MODES", "ENCODERS", "SCANS", "PRESETS", "PRESET_NAMES",
-           "DEFAULT_PRESET", "FINGERPRINT_EXCLUDED", "EVALUATION_ONLY", "LoopConfig", "FoldConfig", "EvalConfig", "ChainConfig"]
+__all__ = ["COMPILE_CHOICES", "MODES", "DEVICES", "FOLD_MODES", "TRAIN_WINDOWS", "ENCODERS", "SCANS", "PRESETS",
+           "PRESET_NAMES", "DEFAULT_PRESET", "FINGERPRINT_EXCLUDED", "EVALUATION_ONLY", "LoopConfig", "FoldConfig",
+           "EvalConfig", "ChainConfig"]
 
 # Literal types, so the generated CLI offers (and checks) the choices; the tuples are what other modules import.
 Compile = Literal["none", "sim", "all", "autotune"]
 Mode = Literal["auto", "eager", "graph"]
 FoldMode = Literal["independent", "chain"]
+TrainWindow = Literal["rolling", "anchored"]
 COMPILE_CHOICES: tuple[str, ...] = get_args(Compile)
 """LoopConfig.compile: torch.compile inside the step (see the field's docstring)."""
 MODES: tuple[str, ...] = get_args(Mode)
 """LoopConfig.mode: how the step is launched."""
 FOLD_MODES: tuple[str, ...] = get_args(FoldMode)
 """FoldConfig.fold_mode: train each fold from scratch, or warm-start fold N from fold N-1's final state."""
+TRAIN_WINDOWS: tuple[str, ...] = get_args(TrainWindow)
+"""FoldConfig.train_window: fold N trains on window N alone, or on every row from window 0's start to window N's
+stop (an expanding window)."""
 DEVICES = ("auto", "cpu", "cuda")
 """Device kinds; the trainer also takes 'cuda:<i>'."""
 _DEVICE = re.compile(r"auto|cpu|cuda(:\d+)?")
@@ -229,11 +234,19 @@ class FoldConfig:
     """Walk-forward geometry: which fold this process trains, and how the timeline is cut."""
 
     fold: int = 0
-    """Fold index N in [0, folds): trains on window N, evaluates out of sample on window N+1."""
+    """Fold index N in [0, folds): trains on window N (with `train_window` 'anchored', windows 0..N), evaluates out of
+    sample on window N+1."""
     folds: int = 3
     """Number of folds K (K+1 equal windows over the decision timeline)."""
     embargo_rows: int = 0
     """Decision rows left out between consecutive windows (>= 0), so no label horizon leaks across a boundary."""
+    train_window: TrainWindow = "rolling"
+    """'rolling': fold N trains on window N; 'anchored': on every row from window 0's start to window N's stop (an
+    expanding window: fold N trains on windows 0..N, the embargo rows between them included), evaluated on window N+1
+    as before. Fold 0 is the same either way. Anchored folds see more data, which helps where the market's rules do
+    not change (the synthetic market); on a real market old windows may teach what no longer holds. The
+    normaliser, the forecast column and model selection's held-out slice (the window's last `loop.select_frac`)
+    follow the training window (docs/walk-forward.md)."""
     fold_mode: FoldMode = "independent"
     """'independent': each fold trains from scratch; 'chain': fold N >= 1 warm-starts from fold N-1's final state
     (trainer/folds/chain.py)."""
@@ -247,6 +260,8 @@ class FoldConfig:
             raise ValueError(f"FoldConfig.fold must be in [0, folds={self.folds}), got {self.fold!r}")
         if not (isinstance(self.embargo_rows, int) and self.embargo_rows >= 0):
             raise ValueError(f"FoldConfig.embargo_rows must be an int >= 0, got {self.embargo_rows!r}")
+        if self.train_window not in TRAIN_WINDOWS:
+            raise ValueError(f"FoldConfig.train_window must be one of {TRAIN_WINDOWS}, got {self.train_window!r}")
         if self.fold_mode not in FOLD_MODES:
             raise ValueError(f"FoldConfig.fold_mode must be one of {FOLD_MODES}, got {self.fold_mode!r}")
         if not (math.isfinite(self.chain_wait_seconds) and self.chain_wait_seconds >= 0):

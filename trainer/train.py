@@ -1,4 +1,5 @@
-"""`python -m trainer.train`: train fold N on walk-forward window N, evaluate on window N+1, write result.json.
+"""`python -m trainer.train`: train fold N on walk-forward window N (windows 0..N with `--folds.train-window
+anchored`), evaluate on window N+1, write result.json.
 
 Process contract (DESIGN.md): started again with the same arguments it resumes from the newest valid checkpoint in
 RUN/fold<N>/; if result.json exists it does nothing and exits 0. Exit codes: 0 done, 2 bad usage/config/data,
@@ -59,7 +60,7 @@ def run(inv: Invocation) -> int:
         os.environ["TORCHINDUCTOR_CACHE_DIR"] = opts.inductor_cache_dir()
         log.event("compile_cache", path=os.environ["TORCHINDUCTOR_CACHE_DIR"], mode=cfg.loop.compile)
     windows = walk_forward_windows(fs.raw.shape[0], cfg.folds.folds, embargo_rows=cfg.folds.embargo_rows)
-    train_w, eval_w = fold_windows(windows, n)
+    train_w, eval_w = fold_windows(windows, n, train_window=cfg.folds.train_window)
     features, names, reflected = fold_inputs(cfg, fs.raw, fs.names, fs.decision, Window(train_w.start, train_w.stop))
 
     with open(fold_dir / "metrics.jsonl", "a") as metrics_file:

@@ -25,7 +25,9 @@ from typing import Any, Callable, Iterable
 import yaml
 
 from trainer.errors import exit_code_for
-from trainer.settings import COMPILE_CHOICES, DEVICES, FOLD_MODES, PRESET_NAMES  # torch-free: submitting loads no torch
+from trainer.settings import (  # torch-free: submitting loads no torch
+    COMPILE_CHOICES, DEVICES, FOLD_MODES, PRESET_NAMES, TRAIN_WINDOWS,
+)
 from workflows.template import DEFAULTS, PARAMETER_DEFAULTS, REPO_ROOT, render
 
 __all__ = ["ClusterError", "resolve_sha", "workflow_parameters", "seeds_and_control", "build_workflow", "main"]
@@ -77,8 +79,8 @@ def workflow_parameters(ns: argparse.Namespace, sha: str) -> dict[str, str]:
     params["image"] = ns.image or f"{ns.registry}/alpha-rl-trainer:{sha}"
     for key, attr in (
         ("preset", "preset"), ("n-steps", "n_steps"), ("n-backtests", "n_backtests"), ("per-capacity", "per_capacity"),
-        ("data", "data"), ("compile", "compile"), ("fold-mode", "fold_mode"), ("seed", "seed"), ("device", "device"),
-        ("gpu-pool", "gpu_pool"), ("pvc", "pvc"),
+        ("data", "data"), ("compile", "compile"), ("fold-mode", "fold_mode"), ("train-window", "train_window"),
+        ("seed", "seed"), ("device", "device"), ("gpu-pool", "gpu_pool"), ("pvc", "pvc"),
     ):  # fmt: skip
         if getattr(ns, attr) is not None:
             params[key] = str(getattr(ns, attr))
@@ -240,6 +242,9 @@ def _parser() -> argparse.ArgumentParser:
     ap.add_argument("--compile", choices=COMPILE_CHOICES,
                     help="torch.compile in the trainer's step (default: the preset's; 'autotune' on long GPU runs)")
     ap.add_argument("--fold-mode", choices=FOLD_MODES)
+    ap.add_argument("--train-window", choices=TRAIN_WINDOWS,
+                    help="trainer --folds.train-window: each fold trains on its own window (rolling, the default) or "
+                         "on every row from the first window's start (anchored)")
     ap.add_argument("--seed", type=int, help="seed of the trainer (default: the preset's)")
     ap.add_argument("--device", choices=DEVICES, help="(local default: auto)")
     ap.add_argument("--gpu-pool", help="value of the node-pool label the train pods select")

@@ -97,6 +97,7 @@ PARAMETER_DEFAULTS: dict[str, str | None] = {
     "seed": "",
     "device": "cuda",
     "fold-mode": "independent",
+    "train-window": "",
     "data": "synthetic",
     "pvc": "alpha-rl-runs",
     "gpu-pool": "ci-training-h100",
@@ -314,6 +315,7 @@ def _train_args(cfg: TemplateConfig, run_dir: str, fold: str, data: str, extra: 
         *replica,
         "--device", _p("device"),
         "--fold-mode", _p("fold-mode"),
+        "--folds.train-window", _p("train-window"),
         "--attempt", "{{retries}}",
     ]  # fmt: skip
 

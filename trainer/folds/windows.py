@@ -1,10 +1,12 @@
 """Walk-forward windows over decision rows (pure: no torch, no I/O).
 
-K folds need K+1 contiguous, non-overlapping windows: fold i trains on window i and is evaluated
-out-of-sample on window i+1. Boundaries are cut either by row count (equal shares) or at trading-day
-boundaries (whole days, as equal a number of days per window as possible). An embargo drops the first
-`embargo_rows` rows after every boundary, so quantities that look ahead from the end of window i
-(n-step returns, label horizons) cannot overlap window i+1.
+K folds need K+1 contiguous, non-overlapping windows: fold i is evaluated out of sample on window i+1 and trains
+on window i ('rolling'), or on every row from window 0's start to window i's stop ('anchored': an expanding window
+over windows 0..i and the embargo rows between them); `fold_windows` gives the pair. Boundaries are cut either by
+row count (equal shares) or at trading-day boundaries (whole days, as equal a number of days per window as
+possible). An embargo drops the first `embargo_rows` rows after every boundary, so quantities that look ahead from
+the end of window i (n-step returns, label horizons) cannot overlap window i+1; an anchored training window ends
+where window i does, so the embargo before window i+1 still separates it from the evaluation.
 
 Both the observation window (the model reads the last W rows) and the features (which look back
 `FeatureConfig.lookback_decisions` decisions) need history; `Window.usable(lookback)` gives the rows
@@ -15,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import numpy as np
+
+from trainer.settings import TRAIN_WINDOWS
 
 NS_PER_DAY = 86_400 * 1_000_000_000
 
@@ -93,11 +97,18 @@ def walk_forward_windows(n_rows: int, folds: int, *, embargo_rows: int = 0, day_
     return windows
 
 
-def fold_windows(windows: list[Window], i: int) -> tuple[Window, Window]:
-    """(train, eval) of fold i: windows i and i+1."""
+def fold_windows(windows: list[Window], i: int, *, train_window: str = "rolling") -> tuple[Window, Window]:
+    """(train, eval) of fold i. Eval is window i+1; train is window i ('rolling') or [windows[0].start,
+    windows[i].stop) ('anchored': windows 0..i with the embargo rows between them). Fold 0 is the same either way."""
     if not 0 <= i < len(windows) - 1:
         raise ValueError(f"fold {i} out of range: {len(windows)} windows make {len(windows) - 1} folds")
-    return windows[i], windows[i + 1]
+    if train_window == "rolling":
+        train = windows[i]
+    elif train_window == "anchored":
+        train = Window(windows[0].start, windows[i].stop)
+    else:
+        raise ValueError(f"train_window must be one of {TRAIN_WINDOWS}, got {train_window!r}")
+    return train, windows[i + 1]
 
 
 def day_index_from_ts(ts_ns: np.ndarray, day_start_offset_ns: int = 0) -> np.ndarray:

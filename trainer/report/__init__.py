@@ -368,7 +368,8 @@ def fees_header(run_dir: Path) -> dict[str, Any] | None:
 def summarise(run_dir: str | Path, cfg: GateConfig = GateConfig(), leak_cfg: LeakageConfig = LeakageConfig(),
               control_dir: str | Path | None = None, n_trials: int | None = None, seed: int = 0) -> dict[str, Any]:
     """The run's summary (what summary.json holds): `headline`, `folds` (one object per fold: the metrics incl.
-    `win_rate` (None when the fold stood aside), `outcome`, `trade_stats`, `baselines`), `gates`, `verdict`,
+    `win_rate` (None when the fold stood aside), `outcome`, `trade_stats`, `baselines`, the [start, stop) rows it
+    trained and was evaluated on, `train_window` and `eval_window`), `gates`, `verdict`,
     `net_pnl_tstat`, `stats` (per-trade and per-day PnL statistics, edge vs baselines), `seeds`, `leakage` (the
     guard) and cross-fold aggregates. InputError when the run has no fold result at all.
 
@@ -389,7 +390,8 @@ def summarise(run_dir: str | Path, cfg: GateConfig = GateConfig(), leak_cfg: Lea
     folds = []
     for r in results:
         row = gate_row(r)
-        row.update({"eval_window": r.get("eval_window"), "action_freq": r.get("action_freq"),
+        row.update({"train_window": r.get("train_window"), "eval_window": r.get("eval_window"),
+                    "action_freq": r.get("action_freq"),
                     "baselines": {b: {k: v for k, v in m.items() if k != "bar_pnl"}
                                   for b, m in r.get("baselines", {}).items()},
                     "fold_mode": r.get("fold_mode", "independent"),
