@@ -6,8 +6,13 @@ The DAG is the production WorkflowTemplate run by the local runner; only the tra
 real process into one criterion:
 
 - non_finite:    lr = 1e6 (AdamW steps of ~1e6 per weight overflow float32 within the first updates);
-- q_drift:       lr = 1.0 on a C51 support widened to [-1000, 1000], so a diverging head can reach Q values
-                 far outside the earlier intervals' band (with [-10, 10] it cannot clear the |Q| floor);
+- q_drift:       lr = 1.0 on a C51 support widened to [-1000, 1000], so the head's mean Q swings by tens from one
+                 log interval to the next (with [-10, 10] it cannot clear the |Q| floor), and kill_mad_k = 1: an
+                 interval more than one (scaled) MAD from the rolling median fires. The swings are real, the
+                 threshold is planted, as for grad_collapse: whether a run at lr 1 throws one interval past the
+                 default 4 MAD within 400 steps depended on the machine's floating point (it did on the box that
+                 measured it, on 2026-12-07's CI box it did not: |Q| 0-75 without one outlier); the detection
+                 itself is tested on hand trajectories in tests/test_agent_kill.py;
 - grad_collapse: kill_collapse_eps = 1e6, above every real gradient norm, so the healthy run reads as collapsed
                  (the threshold is planted, the gradients are real: no setting makes a C51 loss exactly flat).
 """
@@ -29,7 +34,8 @@ CASES = {
     "non_finite": {"agent": {"lr": 1e6}},
     # the smoke preset of before κ, model selection, the inventory penalty, the mirror and the exposure cap
     # (docs/RESULTS.md): the run this case was measured on
-    "q_drift": {"agent": {"lr": 1.0, "v_min": -1000.0, "v_max": 1000.0, "thompson_scale": 1.0, "mirror": False},
+    "q_drift": {"agent": {"lr": 1.0, "v_min": -1000.0, "v_max": 1000.0, "thompson_scale": 1.0, "mirror": False,
+                          "kill_mad_k": 1.0},
                 "sim": {"inventory_penalty": 0.0}, "loop": {"select_frac": 0.0, "max_exposure": 1.0}},
     "grad_collapse": {"agent": {"kill_collapse_eps": 1e6, "kill_collapse_updates": 20, "kill_warmup_updates": 50}},
 }
