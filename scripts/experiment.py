@@ -100,17 +100,20 @@ def table(results: dict[str, dict[tuple[int, int], dict]], folds: int) -> str:
 
 def run_rows(results: dict[str, dict[tuple[int, int], dict]]) -> str:
     """One row per run, with what the deployment did (docs/RESULTS.md §14 read these to tell a weaker direction call
-    from a throttled one): the mid hit rate and the continuous pass (the trained values), the held-out slice's free
-    time in market and margin, and the margin's mean out of sample (the exposure rules)."""
-    lines = ["| variant | seed / fold | net | win rate | trips | time in market | holding (decisions) | mid hit rate | "
-             "continuous net | best step | slice: free time in market, margin | margin out of sample, mean |",
-             "|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|---:|"]
+    from a throttled one): the mid hit rate and the continuous pass (the trained values; its win rate and trips beside
+    the segments' and their forced closes, §15), the held-out slice's free time in market and margin, and the margin's mean out of sample (the exposure rules)."""
+    lines = ["| variant | seed / fold | net | win rate | trips (forced closes) | time in market | holding (decisions) | "
+             "mid hit rate | continuous: net, win rate, trips | best step | slice: free time in market, margin | "
+             "margin out of sample, mean |",
+             "|---|---|---:|---:|---:|---:|---:|---:|---|---:|---|---:|"]
     num = lambda r, k, f: "–" if r.get(k) is None else format(r[k], f)  # noqa: E731
     for name, done in results.items():
         for (seed, fold), r in sorted(done.items()):
             lines.append(f"| {name} | {seed} / {fold} | {r['net_pnl']:+,.0f} | {num(r, 'win_rate', '.3f')} | "
-                         f"{r['trades']} | {num(r, 'time_in_market', '.2f')} | {num(r, 'mean_holding_steps', '.1f')} | "
-                         f"{num(r, 'mid_hit_rate', '.3f')} | {num(r, 'continuous_net_pnl', '+,.0f')} | "
+                         f"{r['trades']} ({num(r, 'segment_forced_closes', 'd')}) | {num(r, 'time_in_market', '.2f')} | "
+                         f"{num(r, 'mean_holding_steps', '.1f')} | {num(r, 'mid_hit_rate', '.3f')} | "
+                         f"{num(r, 'continuous_net_pnl', '+,.0f')}, {num(r, 'continuous_win_rate', '.3f')}, "
+                         f"{num(r, 'continuous_trades', 'd')} | "
                          f"{num(r, 'select_best_step', 'd')} | {num(r, 'select_free_time_in_market', '.2f')}, "
                          f"{num(r, 'select_margin', '.3f')} | {num(r, 'eval_margin_mean', '.3f')} |")
     return "\n".join(lines)

@@ -76,6 +76,39 @@ def test_segments_match_one_env_reference_replays(market):
     assert sum(m["action_freq"].values()) == pytest.approx(1.0)
 
 
+def _always_long(obs: torch.Tensor, env_state: torch.Tensor) -> torch.Tensor:
+    a = torch.zeros(obs.shape[0], 4, dtype=torch.int64)
+    a[:, 0], a[:, 2] = LONG, MARKET
+    return a
+
+
+def test_forced_closes_count_the_trips_the_segment_end_closed(market):
+    tape, feats = market
+    # Always long: each segment opens one position and never closes it, so the closing step ends every trip. 7
+    # segments of 256 // 7 = 36 steps end before the window's last row.
+    m = evaluate(_always_long, feats, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=7)).metrics
+    assert m["trades"] == m["segment_forced_closes"] == 7
+    # One segment of all 256 steps reaches the window's last row, where the simulator flattens it itself: one trip,
+    # none left for the closing step. FLAT never opens one.
+    m = evaluate(_always_long, feats, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=1)).metrics
+    assert (m["trades"], m["segment_forced_closes"]) == (1, 0)
+    assert evaluate(flat_policy(), feats, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=8)).metrics[
+        "segment_forced_closes"] == 0
+    # A policy that trades often: the forced closes are the segments still open at their end (reference replay).
+    m = evaluate(_sign_policy, feats, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=7)).metrics
+    first, seg_len = START + W - 1, (STOP - 1 - (START + W - 1)) // 7
+    open_at_end = 0
+    for i in range(7):
+        sim = Simulator(tape, SIM, "cpu")
+        st = sim.reset(START, STOP, min_history=W - 1, start_rows=torch.tensor([first + i * seg_len]))
+        for _ in range(seg_len):
+            rows = st.cursor[:, None] - torch.arange(W - 1, -1, -1)[None, :]
+            sim.step(st, _sign_policy(feats[rows], sim.env_features(st)))
+        open_at_end += int(st.position[0] != 0)
+    assert m["segment_forced_closes"] == open_at_end
+    assert 0 <= m["segment_forced_closes"] < m["trades"]
+
+
 def test_continuous_pass_equity_positions_and_trip_count_are_consistent(market):
     tape, feats = market
     res = evaluate(_sign_policy, feats, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=8))

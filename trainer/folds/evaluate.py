@@ -129,6 +129,8 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
 
     `n_envs` (if given) overrides cfg.n_envs. Metrics (currency = tape tick_value units):
       win_rate, trades          closed round trips of the segment backtests and the share with net PnL > 0
+      segment_forced_closes     of those trips, the ones the closing FLAT step ended (open at a segment's end): a
+                                segment shorter than the policy's holding time makes most of its trips these
       net_pnl, gross_pnl, fees  over those trips (fees: every fill, incl. the closing step)
       turnover_contracts        contracts filled (maker + taker) in the segments; turnover_per_step per env step
       hold_frac, action_freq    HOLD share and per-direction shares of the policy's own actions
@@ -183,6 +185,7 @@ def evaluate(policy: Policy, features: torch.Tensor, tape: DecisionTape, sim_cfg
         "gross_pnl": seg["gross_pnl"],
         "fees": seg["fees"],
         "trades": int(seg["round_trips"]),
+        "segment_forced_closes": int(seg["round_trips"] - seg_policy["round_trips"]),
         "hold_frac": seg_policy["hold_frac"],
         "limit_fill_rate": seg["limit_fill_rate"],
         "limit_orders": int(seg["limit_orders"]),
