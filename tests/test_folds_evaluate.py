@@ -319,3 +319,27 @@ def test_decision_position_counts_only_the_market_kind_under_other_order_types()
     assert default.tolist() == [3] and decision_position(long_choice0, torch.tensor([0]), target, kinds).tolist() == [0]
     market_last = torch.tensor(SimConfig(order_types=("ioc", "fok", "market")).order_kind_codes)
     assert decision_position(torch.tensor([[SHORT, 0, 2, 0]]), torch.tensor([2]), target, market_last).tolist() == [-1]
+
+
+def test_the_h100_preset_evaluates_segments_long_enough_to_hold_its_trips(tmp_path):
+    """The h100 preset deploys with a minimum holding time (LoopConfig.min_hold_steps); its eval segments must be
+    several times that long on the market its results come from, or the closing step ends nearly every trip
+    (docs/RESULTS.md §15: 256 segments were 4 decisions long and every trip was a forced close)."""
+    from trainer.features.cache import load_or_build
+    from trainer.folds.windows import fold_windows, walk_forward_windows
+    from trainer.loop.config import preset
+
+    cfg = preset("h100")
+    fs, _ = load_or_build("synthetic:seed=11,days=8,signal=1", cfg.features, tmp_path)
+    windows = walk_forward_windows(fs.raw.shape[0], cfg.folds.folds, embargo_rows=cfg.folds.embargo_rows)
+    _, ev = fold_windows(windows, 0)
+    feats = torch.zeros(fs.raw.shape[0], 1)
+    sim = dataclasses.replace(cfg.sim, n_envs=1)
+    lengths = {}
+    for n_envs in (cfg.eval.n_envs, 256):
+        m = evaluate(_always_long, feats, fs.decision, sim, cfg.agent.window, ev.start, ev.stop,
+                     cfg=dataclasses.replace(cfg.eval, n_envs=n_envs)).metrics
+        lengths[n_envs] = m["eval_steps"] // m["eval_envs"]
+    assert cfg.loop.min_hold_steps >= 2
+    assert lengths[cfg.eval.n_envs] >= 8 * cfg.loop.min_hold_steps  # the preset's segments
+    assert lengths[256] <= cfg.loop.min_hold_steps  # the default's: a trip cannot end before its segment does

@@ -72,6 +72,9 @@ PRESETS: Mapping[str, Mapping[str, Mapping[str, Any]]] = MappingProxyType({
     # causal exposure controller (§13): every gate on 5 of 7 training seeds against 0 of 7 on the same weights
     # without them (2 of 2 on seeds 5 and 6, which took no part in choosing the rule), win rate up on 20 of 21 pairs,
     # net −21 % on the same weights (−5 % on seeds 5 and 6), still above the 1-lot OFI rule on 21 of 21 runs.
+    # Evaluated on 16 segments (§15): on its ~1,030-decision eval windows the default 256 segments were 4 decisions
+    # long, shorter than the trips it holds (~9) and no longer than its minimum holding time, so the closing step
+    # ended every segment trip; 16 segments of ~64 decisions measure the trader the continuous pass shows.
     "h100": {
         "sim": {"n_envs": 1024, "inventory_penalty": 0.1},
         "agent": {"thompson_scale": 0.2, "mirror": True},
@@ -79,6 +82,7 @@ PRESETS: Mapping[str, Mapping[str, Mapping[str, Any]]] = MappingProxyType({
         "loop": {"n_steps": 5_000, "log_every": 500, "checkpoint_every": 1_000, "compile": "all",
                  "select_frac": 0.2, "max_exposure": 0.6, "min_hold_steps": 4, "keep_margin_frac": 0.0,
                  "exposure_gain": 0.01},
+        "eval": {"n_envs": 16},
     },
 })
 """Named presets: section -> field -> value, applied over the dataclass defaults."""
