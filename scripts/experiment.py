@@ -101,7 +101,8 @@ def table(results: dict[str, dict[tuple[int, int], dict]], folds: int) -> str:
 def run_rows(results: dict[str, dict[tuple[int, int], dict]]) -> str:
     """One row per run, with what the deployment did (docs/RESULTS.md §14 read these to tell a weaker direction call
     from a throttled one): the mid hit rate and the continuous pass (the trained values; its win rate and trips beside
-    the segments' and their forced closes, §15), the held-out slice's free time in market and margin, and the margin's mean out of sample (the exposure rules)."""
+    the segments' and their forced closes, §15), the held-out slice's free time in market and margin, and the
+    margin's mean out of sample (the exposure rules)."""
     lines = ["| variant | seed / fold | net | win rate | trips (forced closes) | time in market | holding (decisions) | "
              "mid hit rate | continuous: net, win rate, trips | best step | slice: free time in market, margin | "
              "margin out of sample, mean |",
