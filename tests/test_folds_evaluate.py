@@ -9,9 +9,12 @@ import numpy as np
 import pytest
 import torch
 
+from trainer.features.cache import load_or_build
 from trainer.folds.baselines import (OfiRuleConfig, flat_policy, ofi_column, ofi_rule_policy, random_policy,
                                      run_baselines)
 from trainer.folds.evaluate import HEADLINE, EvalConfig, decision_position, evaluate
+from trainer.folds.windows import fold_windows, walk_forward_windows
+from trainer.loop.config import preset
 from trainer.sim import FLAT, HOLD, LONG, MARKET, SHORT, SimConfig, Simulator
 from trainer.sim.synthetic import random_decision_tape
 
@@ -45,7 +48,8 @@ def _reference_segments(tape, feats, n_seg: int):
     """Each segment alone in a one-env simulator: seg_len policy steps, then one FLAT market step."""
     first = START + W - 1
     seg_len = (STOP - 1 - first) // n_seg
-    total = {"round_trips": 0.0, "wins": 0.0, "net_pnl": 0.0, "fees": 0.0, "hold": 0.0, "actions": 0.0}
+    total = {"round_trips": 0.0, "wins": 0.0, "net_pnl": 0.0, "fees": 0.0, "hold": 0.0, "actions": 0.0,
+             "open_at_end": 0.0}
     for i in range(n_seg):
         sim = Simulator(tape, SIM, "cpu")
         st = sim.reset(START, STOP, min_history=W - 1, start_rows=torch.tensor([first + i * seg_len]))
@@ -54,6 +58,7 @@ def _reference_segments(tape, feats, n_seg: int):
             sim.step(st, _sign_policy(feats[rows], sim.env_features(st)))
         total["hold"] += float(st.action_counts[0, HOLD])
         total["actions"] += float(st.action_counts.sum())
+        total["open_at_end"] += float(st.position[0] != 0)
         close = torch.tensor([[FLAT, 0, MARKET, 0]])
         sim.step(st, close)
         stats = sim.stats(st)
@@ -96,16 +101,7 @@ def test_forced_closes_count_the_trips_the_segment_end_closed(market):
         "segment_forced_closes"] == 0
     # A policy that trades often: the forced closes are the segments still open at their end (reference replay).
     m = evaluate(_sign_policy, feats, tape, SIM, W, START, STOP, cfg=EvalConfig(n_envs=7)).metrics
-    first, seg_len = START + W - 1, (STOP - 1 - (START + W - 1)) // 7
-    open_at_end = 0
-    for i in range(7):
-        sim = Simulator(tape, SIM, "cpu")
-        st = sim.reset(START, STOP, min_history=W - 1, start_rows=torch.tensor([first + i * seg_len]))
-        for _ in range(seg_len):
-            rows = st.cursor[:, None] - torch.arange(W - 1, -1, -1)[None, :]
-            sim.step(st, _sign_policy(feats[rows], sim.env_features(st)))
-        open_at_end += int(st.position[0] != 0)
-    assert m["segment_forced_closes"] == open_at_end
+    assert m["segment_forced_closes"] == _reference_segments(tape, feats, 7)["open_at_end"]
     assert 0 <= m["segment_forced_closes"] < m["trades"]
 
 
@@ -325,10 +321,6 @@ def test_the_h100_preset_evaluates_segments_long_enough_to_hold_its_trips(tmp_pa
     """The h100 preset deploys with a minimum holding time (LoopConfig.min_hold_steps); its eval segments must be
     several times that long on the market its results come from, or the closing step ends nearly every trip
     (docs/RESULTS.md §15: 256 segments were 4 decisions long and every trip was a forced close)."""
-    from trainer.features.cache import load_or_build
-    from trainer.folds.windows import fold_windows, walk_forward_windows
-    from trainer.loop.config import preset
-
     cfg = preset("h100")
     fs, _ = load_or_build("synthetic:seed=11,days=8,signal=1", cfg.features, tmp_path)
     windows = walk_forward_windows(fs.raw.shape[0], cfg.folds.folds, embargo_rows=cfg.folds.embargo_rows)
