@@ -6,7 +6,7 @@ import itertools
 import pytest
 import torch
 
-from trainer.agent.act import (held_margin, min_hold, mirror_directions, mirrored_greedy, select_actions,
+from trainer.agent.act import (held_margin, min_hold, mirror_actions, mirror_directions, mirrored_greedy, select_actions,
                                thompson_returns, time_in_trade)
 from trainer.agent.c51 import make_support
 from trainer.agent.network import branch_action_mask
@@ -180,6 +180,14 @@ def test_mirrored_greedy_averages_each_action_with_its_mirror_in_the_reflected_m
     assert a.tolist() == [[LONG, 0]]
     # the plain greedy policy on the observed market alone would pick LONG and magnitude 1
     assert select_actions(_logits_for(q, support), support, mask, explore=False).tolist() == [[LONG, 1]]
+
+
+def test_mirror_actions_swaps_long_and_short_and_leaves_hold_flat_and_the_other_branches():
+    from trainer.sim import FLAT, HOLD, LONG, SHORT
+
+    a = torch.tensor([[SHORT, 2, 1, 0], [HOLD, 0, 2, 1], [LONG, 1, 0, 2], [FLAT, 2, 2, 2]])
+    assert mirror_actions(a).tolist() == [[LONG, 2, 1, 0], [HOLD, 0, 2, 1], [SHORT, 1, 0, 2], [FLAT, 2, 2, 2]]
+    assert torch.equal(mirror_actions(mirror_actions(a)), a)
 
 
 def test_mirrored_greedy_is_equivariant_the_reflected_market_gets_the_mirrored_direction():

@@ -215,3 +215,10 @@ def test_initial_q_is_near_zero_for_every_real_action(v_min, v_max):
 def test_config_rejects_bad_values_naming_the_field(field, value, match):
     with pytest.raises(ValueError, match=rf"AgentConfig\.{match}="):
         dataclasses.replace(tiny_cfg(), **{field: value})
+
+
+def test_config_refuses_training_on_the_reflected_market_with_inputs_that_have_no_reflection():
+    dataclasses.replace(tiny_cfg(), mirror_augment=True)  # alone it is fine
+    for other in ({"forecast_lags": 8}, {"aux_weight": 1.0}):
+        with pytest.raises(ValueError, match=r"AgentConfig\.mirror_augment="):
+            dataclasses.replace(tiny_cfg(), mirror_augment=True, **other)

@@ -35,7 +35,9 @@ def _trainer(device: str = "cpu", n_envs: int = 16, seed: int = 0, rows: int = 3
     )
     tape = random_decision_tape(rows, levels=10, radius=16, seed=seed)
     features = np.random.default_rng(seed).standard_normal((rows, 23)).astype(np.float32)
-    return FoldTrainer(cfg, features, tape, Window(0, rows), fold=0)
+    reflected = np.random.default_rng(seed + 1).standard_normal((rows, 23)).astype(np.float32) \
+        if agent.get("mirror_augment") else None
+    return FoldTrainer(cfg, features, tape, Window(0, rows), fold=0, reflected=reflected)
 
 
 def test_fold_trainer_runs_steps_with_finite_loss_and_counts(capsys):
@@ -104,13 +106,16 @@ def _warm_then_run(trainer: FoldTrainer, mode: str, steps: int) -> torch.Tensor:
 
 
 @pytest.mark.gpu
-def test_graph_and_eager_give_the_same_losses_for_the_same_seed():
-    """Same seed, same steps: eager vs CUDA-graph replay agree within TF32 tolerance."""
+@pytest.mark.parametrize("augment", [False, True])
+def test_graph_and_eager_give_the_same_losses_for_the_same_seed(augment):
+    """Same seed, same steps: eager vs CUDA-graph replay agree within TF32 tolerance (also with the batch's odd items
+    drawn in the reflected market, AgentConfig.mirror_augment)."""
     losses = {}
     for mode in ("eager", "graph"):
         torch.manual_seed(0)
         torch.cuda.manual_seed(0)
-        losses[mode] = _warm_then_run(_trainer(device="cuda", n_envs=256, seed=0), mode, 30).cpu().numpy()
+        trainer = _trainer(device="cuda", n_envs=256, seed=0, mirror_augment=augment)
+        losses[mode] = _warm_then_run(trainer, mode, 30).cpu().numpy()
     np.testing.assert_allclose(losses["graph"], losses["eager"], rtol=2e-2, atol=1e-3)
 
 
@@ -207,9 +212,11 @@ def test_fold_trainer_acts_by_row_table_when_envs_outnumber_rows():
 @pytest.mark.slow
 def test_compiled_step_follows_the_eager_step():
     """LoopConfig.compile='all' (simulator step, encoder and head through torch.compile) takes the same actions and
-    reaches the same losses as eager within float rounding, on both acting paths (per env and by row table)."""
-    for rows in (3000, 20):  # 20 rows < 16 envs + window: acting by row table
-        eager, compiled = _trainer(seed=5, rows=rows), _trainer(seed=5, rows=rows, compile="all")
+    reaches the same losses as eager within float rounding, on both acting paths (per env and by row table), and
+    with the batch's odd items drawn in the reflected market (AgentConfig.mirror_augment)."""
+    for rows, augment in ((3000, False), (20, False), (3000, True)):  # 20 rows < 16 envs + window: row table
+        eager = _trainer(seed=5, rows=rows, mirror_augment=augment)
+        compiled = _trainer(seed=5, rows=rows, compile="all", mirror_augment=augment)
         assert (compiled.step_fn.table_rows is not None) == (rows == 20)
         for t in (eager, compiled):
             torch.manual_seed(11)
@@ -310,6 +317,54 @@ def test_the_mirrored_fold_deploys_and_validates_a_policy_with_no_direction_of_i
     swap = torch.tensor([LONG if x == SHORT else SHORT if x == LONG else x for x in range(4)])
     assert torch.equal(there[:, 0], swap[here[:, 0]]) and torch.equal(there[:, 1:], here[:, 1:])
     assert {int(x) for x in here[:, 0]} >= {LONG, SHORT}  # both directions decided: the check has teeth
+
+
+def test_mirror_augment_draws_every_odd_batch_item_as_its_transition_in_the_reflected_market():
+    """AgentConfig.mirror_augment against a slow reference: with the same random draws, the step's batch is the
+    replay's sample with each odd item rebuilt by hand in the reflected market (windows from the reflected inputs,
+    env states times ENV_REFLECTION, LONG <-> SHORT), and each even item untouched; rewards and discounts unchanged.
+    The deployed policy still reads the inputs alone (mirror off)."""
+    from trainer.sim import ENV_REFLECTION, LONG, SHORT
+
+    rows, W = 600, 8
+    cfg = preset("smoke").replace(
+        sim={"n_envs": 16}, agent={"batch_size": 32, "window": W, "d_model": 16, "mirror": False,
+                                   "mirror_augment": True},
+        loop={"device": "cpu", "learning_starts": 8, "n_steps": 40, "select_frac": 0.0, "max_exposure": 1.0})
+    tape = random_decision_tape(rows, levels=10, radius=16, seed=2)
+    rng = np.random.default_rng(2)
+    f, r = (rng.standard_normal((rows, 23)).astype(np.float32) for _ in range(2))
+    with pytest.raises(ValueError, match="mirror_augment"):
+        FoldTrainer(cfg, f, tape, Window(0, rows), fold=0)  # no reflected inputs
+    trainer = FoldTrainer(cfg, f, tape, Window(0, rows), fold=0, reflected=r)
+    assert trainer.policy_features.shape == (rows, 23)
+    for _ in range(20):
+        trainer.step_fn.act_and_store()
+    torch.manual_seed(9)
+    idx, got = trainer.step_fn._sample()
+    torch.manual_seed(9)
+    idx_ref, raw = trainer.replay.sample(32)
+    assert torch.equal(idx, idx_ref)
+    swap = {SHORT: LONG, LONG: SHORT}
+    flipped = 0
+    for i in range(32):
+        row, nrow = int(raw.row[i]), int(raw.next_row[i])
+        src = r if i % 2 == 1 else f
+        env, nenv, act = raw.env_state[i].tolist(), raw.next_env_state[i].tolist(), raw.action[i].tolist()
+        if i % 2 == 1:
+            env = [x * s for x, s in zip(env, ENV_REFLECTION)]
+            nenv = [x * s for x, s in zip(nenv, ENV_REFLECTION)]
+            flipped += act[0] in swap
+            act = [swap.get(act[0], act[0]), *act[1:]]
+        assert torch.equal(got.obs[i], torch.from_numpy(src[row - W + 1:row + 1]))
+        assert torch.equal(got.next_obs[i], torch.from_numpy(src[nrow - W + 1:nrow + 1]))
+        assert got.env_state[i].tolist() == env and got.next_env_state[i].tolist() == nenv
+        assert got.action[i].tolist() == act
+    assert flipped > 0  # some reflected items held a LONG or SHORT: the swap was exercised
+    assert torch.equal(got.return_n, raw.return_n) and torch.equal(got.discount_n, raw.discount_n)
+    assert torch.equal(got.row, raw.row) and torch.equal(got.next_row, raw.next_row)
+    trainer.run()  # the whole loop trains on it
+    assert trainer.env_step == 40
 
 
 def test_the_fold_deploys_the_stand_aside_margin_calibrated_on_the_held_out_slice():

@@ -137,10 +137,10 @@ def _bench_trainer(preset_name: str, n_envs: int, device: str, seed: int = 0, ta
                       replay={"capacity": max(cfg.replay.capacity, 4 * n_envs)}, agent=agent or {})
     tape = random_decision_tape(tape_rows, levels=10, radius=16, seed=seed)
     features = np.random.default_rng(seed).standard_normal((tape_rows, 23)).astype(np.float32)
-    # The mirrored policy's reflected inputs (AgentConfig.mirror, the h100 preset): read by greedy decisions only,
-    # never by the step, so random columns of the same width do.
+    # The reflected inputs (AgentConfig.mirror, the h100 preset: read by greedy decisions only; mirror_augment: by
+    # the step's sampling): random columns of the same width time the same work.
     reflected = np.random.default_rng(seed + 1).standard_normal(features.shape).astype(np.float32) \
-        if cfg.agent.mirror else None
+        if cfg.agent.mirror or cfg.agent.mirror_augment else None
     trainer = FoldTrainer(cfg, features, tape, Window(0, tape_rows), fold=0, reflected=reflected)
     for _ in range(cfg.loop.learning_starts):
         trainer.step_fn.act_and_store()

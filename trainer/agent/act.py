@@ -155,6 +155,14 @@ def mirror_directions(q: Tensor) -> Tensor:
     return torch.cat([direction.unsqueeze(1), q[:, 1:]], dim=1)
 
 
+def mirror_actions(actions: Tensor) -> Tensor:
+    """actions (B, n_branches) int64 with LONG and SHORT swapped in the direction branch: the same decision in the
+    reflected market (AgentConfig.mirror_augment). HOLD, FLAT and the other branches stay."""
+    d = actions[:, 0]
+    swapped = torch.where(d == LONG, SHORT, torch.where(d == SHORT, LONG, d))
+    return torch.cat([swapped.unsqueeze(1), actions[:, 1:]], dim=1)
+
+
 def mirrored_greedy(logits: Tensor, logits_reflected: Tensor, support: Tensor, action_mask: Tensor,
                     flat_margin: Tensor | float = 0.0) -> Tensor:
     """Greedy actions (B, n_branches) on the mean of each action's E[Q] in the observed market and of its mirror's

@@ -89,6 +89,16 @@ class AgentConfig:
     It does not change deployment: pass the same value as `--loop.min-hold-steps` to deploy what was trained
     (docs/RESULTS.md §13)."""
 
+    mirror_augment: bool = False
+    """Train on the reflected market too: every other item of each replay batch (the odd positions; prioritised
+    sampling orders the batch at random, so this is half the batch drawn without a random number) is replaced by the
+    same transition in the reflected market (every price p -> C - p, bids and asks swapped, as `mirror` reads it):
+    its observation windows from the reflected inputs, its env states times trainer/sim ENV_REFLECTION, LONG and
+    SHORT swapped in its action (trainer.agent.act.mirror_actions), its reward and discount unchanged (a long
+    position in the reflected market earns what the short one earns in the observed market). Acting, the replay and
+    deployment do not change. Needs no forecast column and no auxiliary head (neither has a reflection).
+    docs/RESULTS.md §16 says why (the slice chose weights that the evaluation window found overfit)."""
+
     # --- deployment --------------------------------------------------------------------------
     mirror: bool = False
     """Deployed (greedy) decisions read the market twice, as observed and reflected (every price p -> C - p, bids and
@@ -230,6 +240,12 @@ class AgentConfig:
             raise bad("forecast_ridge", "must be finite and > 0")
         if self.mirror and self.forecast_lags > 0:
             raise bad("mirror", "cannot be combined with forecast_lags > 0 (the forecast column has no reflection)")
+        if self.mirror_augment and self.forecast_lags > 0:
+            raise bad("mirror_augment", "cannot be combined with forecast_lags > 0 (the forecast column has no "
+                                        "reflection)")
+        if self.mirror_augment and self.aux_weight > 0:
+            raise bad("mirror_augment", "cannot be combined with aux_weight > 0 (the auxiliary target is read by "
+                                        "row, unreflected)")
         if not (math.isfinite(self.branch_epsilon) and 0.0 <= self.branch_epsilon <= 1.0):
             raise bad("branch_epsilon", "must be in [0, 1]")
         if not isinstance(self.thompson_anneal_updates, int) or self.thompson_anneal_updates < 0:

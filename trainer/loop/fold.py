@@ -89,7 +89,7 @@ def fold_inputs(cfg: TrainConfig, raw: np.ndarray, names: list[str], tape: Decis
     normaliser = Normaliser.fit(raw[train.start:train.stop])
     features = normaliser.apply(raw)
     a = cfg.agent
-    reflected = normaliser.apply(raw * reflection_signs(names)) if a.mirror else None
+    reflected = normaliser.apply(raw * reflection_signs(names)) if a.mirror or a.mirror_augment else None
     if a.forecast_lags == 0:
         return features, list(names), reflected
     train_stop, _ = split_validation(train.start, train.stop, cfg.loop.select_frac, a.window)
@@ -137,12 +137,14 @@ class FoldTrainer:
         dev = self.device
         lc = cfg.loop
         self.features = torch.as_tensor(features, dtype=torch.float32, device=dev)  # (T, F) normalised
-        if self.agent_cfg.mirror != (reflected is not None):
-            raise ValueError(f"AgentConfig.mirror={self.agent_cfg.mirror} needs the reflected inputs exactly when on "
-                             f"(trainer.loop.fold.fold_inputs gives them)")
-        # (T, 2F): the inputs, then the reflected market's; what the deployed policy reads (self.deployed_policy)
-        self.policy_features = self.features if reflected is None else torch.cat(
-            [self.features, torch.as_tensor(reflected, dtype=torch.float32, device=dev)], dim=1)
+        a = self.agent_cfg
+        if (a.mirror or a.mirror_augment) != (reflected is not None):
+            raise ValueError(f"AgentConfig.mirror={a.mirror}, mirror_augment={a.mirror_augment}: the reflected "
+                             f"inputs are needed exactly when either is on (trainer.loop.fold.fold_inputs gives them)")
+        reflected_t = None if reflected is None else torch.as_tensor(reflected, dtype=torch.float32, device=dev)
+        # (T, 2F) with mirror: the inputs, then the reflected market's; what the deployed policy reads
+        # (self.deployed_policy)
+        self.policy_features = self.features if not a.mirror else torch.cat([self.features, reflected_t], dim=1)
         # Model selection holds out the window's last rows: training acts on [train.start, train_stop) only.
         train_stop, val_start = split_validation(train.start, train.stop, lc.select_frac, W)
         self.sim = Simulator(tape, cfg.sim, dev)
@@ -169,7 +171,8 @@ class FoldTrainer:
         self.step_fn = TrainStep(self.features, self.sim, self.state, self.learner, self.nstep, self.replay,
                                  W, self.agent_cfg.batch_size, self.dir_counts,
                                  row_range=(train.start + W - 1, train_stop), compile=cfg.loop.compile,
-                                 overlap=overlap, act_sm_share=lc.act_sm_share)
+                                 overlap=overlap, act_sm_share=lc.act_sm_share,
+                                 reflected=reflected_t if a.mirror_augment else None)
         self.selector = None if lc.select_frac <= 0 else Selector(
             self.learner, self.policy_features, tape, cfg.sim, W, val_start, train.stop, lc.select_envs,
             lc.select_min_net, lc.select_min_t, policy=self._greedy())

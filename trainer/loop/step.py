@@ -38,10 +38,10 @@ from typing import NamedTuple
 
 import torch
 
-from trainer.agent.act import select_actions
+from trainer.agent.act import mirror_actions, select_actions
 from trainer.agent.learner import Learner
 from trainer.agent.replay import NStepAccumulator, PrioritizedReplay, Transitions
-from trainer.sim import Simulator
+from trainer.sim import ENV_REFLECTION, Simulator
 from trainer.streams import HIGH_PRIORITY, LOW_PRIORITY, SideStream
 
 
@@ -139,8 +139,17 @@ class TrainStep:
     def __init__(self, features: torch.Tensor, sim: Simulator, state, learner: Learner, nstep: NStepAccumulator,
                  replay: PrioritizedReplay, window: int, batch_size: int, dir_counts: torch.Tensor,
                  row_range: tuple[int, int] | None = None, compile: str = "none", overlap: bool = True,
-                 act_sm_share: float = 1.0):
+                 act_sm_share: float = 1.0, reflected: torch.Tensor | None = None):
+        """`reflected` (T, F): the same inputs of the reflected market (AgentConfig.mirror_augment): the batch's
+        odd items are then drawn as their reflected transitions (`_sample`); None trains on the inputs alone."""
         self.features, self.sim, self.state = features, sim, state
+        self.reflected = reflected
+        if reflected is not None:
+            if reflected.shape != features.shape:
+                raise ValueError(f"reflected inputs {tuple(reflected.shape)} must match the inputs "
+                                 f"{tuple(features.shape)}")
+            self.env_signs = torch.tensor(ENV_REFLECTION, device=features.device)  # (ENV_FEATURES,)
+            self.reflect_item = torch.arange(batch_size, device=features.device) % 2 == 1  # (B,) the odd items
         # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all' or
         # 'autotune' (the same pieces, GEMM kernels picked by timing: `compile_options`), the acting path, storing,
         # sampling and the learner's tensor-only pieces. Compiled on the first eager step, so a graph capture
@@ -203,11 +212,21 @@ class TrainStep:
     def _sample(self) -> tuple[torch.Tensor, Transitions]:
         """Replay slots (B,) and their transitions, with the observation windows gathered from the features."""
         idx, b = self.replay.sample(self.batch_size)
+        obs = gather_windows(self.features, b.row, self.window)  # (B, W, F)
+        next_obs = gather_windows(self.features, b.next_row, self.window)
+        env_state, action, next_env_state = b.env_state, b.action, b.next_env_state
+        if self.reflected is not None:  # AgentConfig.mirror_augment: the odd items in the reflected market
+            odd = self.reflect_item
+            obs = torch.where(odd[:, None, None], gather_windows(self.reflected, b.row, self.window), obs)
+            next_obs = torch.where(odd[:, None, None], gather_windows(self.reflected, b.next_row, self.window),
+                                   next_obs)
+            env_state = torch.where(odd[:, None], env_state * self.env_signs, env_state)
+            next_env_state = torch.where(odd[:, None], next_env_state * self.env_signs, next_env_state)
+            action = torch.where(odd[:, None], mirror_actions(action), action)
         # Built by the constructor, not `b._replace`: dynamo of PyTorch 2.11 cannot return a namedtuple made by
         # `_replace` from a compiled function (an AssertionError in side_effects; 2.13 can).
-        return idx, Transitions(b.row, b.env_state, b.action, b.return_n, b.discount_n, b.next_row, b.next_env_state,
-                                b.weight, obs=gather_windows(self.features, b.row, self.window),  # (B, W, F)
-                                next_obs=gather_windows(self.features, b.next_row, self.window))
+        return idx, Transitions(b.row, env_state, action, b.return_n, b.discount_n, b.next_row, next_env_state,
+                                b.weight, obs=obs, next_obs=next_obs)
 
     def _act(self) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
         """The decision rows (n_envs,) observed now, the env state (n_envs, S) the agent sees, and the actions
