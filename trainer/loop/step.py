@@ -143,13 +143,18 @@ class TrainStep:
         """`reflected` (T, F): the same inputs of the reflected market (AgentConfig.mirror_augment): the batch's
         odd items are then drawn as their reflected transitions (`_sample`); None trains on the inputs alone."""
         self.features, self.sim, self.state = features, sim, state
-        self.reflected = reflected
+        self.both_markets = None
         if reflected is not None:
             if reflected.shape != features.shape:
                 raise ValueError(f"reflected inputs {tuple(reflected.shape)} must match the inputs "
                                  f"{tuple(features.shape)}")
+            # Both markets in one (2T, F) table, the reflected rows after the observed ones: an odd item's rows
+            # shifted by T gather its reflected windows in the same single gather as the even items' (a window
+            # never reaches below row W - 1, so never across the seam).
+            self.both_markets = torch.cat([features, reflected])  # (2T, F)
             self.env_signs = torch.tensor(ENV_REFLECTION, device=features.device)  # (ENV_FEATURES,)
             self.reflect_item = torch.arange(batch_size, device=features.device) % 2 == 1  # (B,) the odd items
+            self.row_shift = self.reflect_item.long() * features.shape[0]  # (B,) T on the odd items, 0 on the even
         # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all' or
         # 'autotune' (the same pieces, GEMM kernels picked by timing: `compile_options`), the acting path, storing,
         # sampling and the learner's tensor-only pieces. Compiled on the first eager step, so a graph capture
@@ -212,14 +217,14 @@ class TrainStep:
     def _sample(self) -> tuple[torch.Tensor, Transitions]:
         """Replay slots (B,) and their transitions, with the observation windows gathered from the features."""
         idx, b = self.replay.sample(self.batch_size)
-        obs = gather_windows(self.features, b.row, self.window)  # (B, W, F)
-        next_obs = gather_windows(self.features, b.next_row, self.window)
         env_state, action, next_env_state = b.env_state, b.action, b.next_env_state
-        if self.reflected is not None:  # AgentConfig.mirror_augment: the odd items in the reflected market
+        if self.both_markets is None:
+            obs = gather_windows(self.features, b.row, self.window)  # (B, W, F)
+            next_obs = gather_windows(self.features, b.next_row, self.window)
+        else:  # AgentConfig.mirror_augment: the odd items in the reflected market
             odd = self.reflect_item
-            obs = torch.where(odd[:, None, None], gather_windows(self.reflected, b.row, self.window), obs)
-            next_obs = torch.where(odd[:, None, None], gather_windows(self.reflected, b.next_row, self.window),
-                                   next_obs)
+            obs = gather_windows(self.both_markets, b.row + self.row_shift, self.window)  # (B, W, F)
+            next_obs = gather_windows(self.both_markets, b.next_row + self.row_shift, self.window)
             env_state = torch.where(odd[:, None], env_state * self.env_signs, env_state)
             next_env_state = torch.where(odd[:, None], next_env_state * self.env_signs, next_env_state)
             action = torch.where(odd[:, None], mirror_actions(action), action)
