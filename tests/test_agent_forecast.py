@@ -90,7 +90,7 @@ def test_fold_inputs_with_and_without_the_forecast(tape_and_features):
     tape, raw = tape_and_features
     names = ["a", "ofi_sum", "c"]
     train = Window(0, 300)
-    plain_cfg = preset("smoke").replace(agent={"mirror": False})  # the forecast column has no reflection
+    plain_cfg = preset("smoke").replace(agent={"mirror": False, "mirror_augment": False})  # no reflection
     plain, plain_names, _ = fold_inputs(plain_cfg, raw, names, tape, train)
     np.testing.assert_array_equal(plain, Normaliser.fit(raw[:300]).apply(raw))
     assert plain_names == names
@@ -127,7 +127,7 @@ def test_the_forecast_rule_baseline_exists_with_the_column_and_reads_it(tape_and
 def test_the_option_is_in_the_checkpoint_fingerprint():
     from trainer.loop.config import fingerprint_config
 
-    base = preset("smoke").replace(agent={"mirror": False})  # the forecast column has no reflection
+    base = preset("smoke").replace(agent={"mirror": False, "mirror_augment": False})  # no reflection
     a = fingerprint_config(base.to_dict())
     b = fingerprint_config(base.replace(agent={"forecast_lags": 8}).to_dict())
     assert a["agent"]["forecast_lags"] == 0 and b["agent"]["forecast_lags"] == 8 and a != b

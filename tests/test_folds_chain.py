@@ -235,7 +235,7 @@ def _train_cfg():
 
     cfg = preset("smoke")
     agent = {"encoder": "gru", "d_model": 8, "n_layers": 1, "head_hidden": 16, "n_atoms": 11, "batch_size": 8,
-             "window": W, "mirror": False}
+             "window": W, "mirror": False, "mirror_augment": False}
     return cfg.replace(loop={"n_steps": 12, "learning_starts": 4, "log_every": 6, "checkpoint_every": 6,
                              "device": "cpu"},
                        sim={"n_envs": 4}, replay={"capacity": 64}, agent=agent)

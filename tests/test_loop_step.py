@@ -29,7 +29,7 @@ def _trainer(device: str = "cpu", n_envs: int = 16, seed: int = 0, rows: int = 3
              compile: str = "none", overlap: bool = True, **agent) -> FoldTrainer:
     cfg = preset("smoke").replace(
         sim={"n_envs": n_envs, "seed": seed},
-        agent={"batch_size": 32, "window": 8, "d_model": 16, "mirror": False, **agent},
+        agent={"batch_size": 32, "window": 8, "d_model": 16, "mirror": False, "mirror_augment": False, **agent},
         loop={"device": device, "seed": seed, "learning_starts": 8, "n_steps": 40, "log_every": 20,
               "compile": compile, "overlap": overlap, "select_frac": 0.0, "max_exposure": 1.0},
     )
@@ -251,7 +251,8 @@ def test_feed_latency_gives_the_agent_the_undelayed_observation_k_rows_late():
 
     def trainer(feed: int) -> FoldTrainer:
         cfg = preset("smoke").replace(sim={"n_envs": 8, "seed": 0, "feed_latency_steps": feed},
-                                      agent={"batch_size": 32, "window": 8, "d_model": 16, "mirror": False},
+                                      agent={"batch_size": 32, "window": 8, "d_model": 16, "mirror": False,
+                                             "mirror_augment": False},
                                       loop={"device": "cpu", "seed": 0, "learning_starts": 8, "n_steps": 40})
         tape = random_decision_tape(rows, levels=10, radius=16, seed=0)
         features = np.random.default_rng(0).standard_normal((rows, 23)).astype(np.float32)
@@ -288,7 +289,8 @@ def test_the_mirrored_fold_deploys_and_validates_a_policy_with_no_direction_of_i
 
     rows = 600
     cfg = preset("smoke").replace(
-        sim={"n_envs": 8}, agent={"batch_size": 16, "window": 8, "d_model": 16, "mirror": True},
+        sim={"n_envs": 8}, agent={"batch_size": 16, "window": 8, "d_model": 16, "mirror": True,
+                                  "mirror_augment": False},
         loop={"device": "cpu", "learning_starts": 4, "n_steps": 12, "log_every": 12, "select_frac": 0.2,
               "select_every": 6, "max_exposure": 1.0})  # no margin: it is calibrated on each trainer's own slice
     tape = random_decision_tape(rows, levels=10, radius=16, seed=1)
@@ -375,7 +377,8 @@ def test_the_fold_deploys_the_stand_aside_margin_calibrated_on_the_held_out_slic
 
     rows = 600
     cfg = preset("smoke").replace(
-        sim={"n_envs": 8}, agent={"batch_size": 16, "window": 8, "d_model": 16, "mirror": False},
+        sim={"n_envs": 8}, agent={"batch_size": 16, "window": 8, "d_model": 16, "mirror": False,
+                                  "mirror_augment": False},
         loop={"device": "cpu", "learning_starts": 4, "n_steps": 12, "log_every": 12, "select_frac": 0.2,
               "select_every": 6, "max_exposure": 0.3, "exposure_gain": 0.0})
     with pytest.raises(ValueError, match="select_frac"):

@@ -35,6 +35,7 @@ CASES = {
     # the smoke preset of before κ, model selection, the inventory penalty, the mirror and the exposure cap
     # (docs/RESULTS.md): the run this case was measured on
     "q_drift": {"agent": {"lr": 1.0, "v_min": -1000.0, "v_max": 1000.0, "thompson_scale": 1.0, "mirror": False,
+                          "mirror_augment": False,
                           "kill_mad_k": 1.0},
                 "sim": {"inventory_penalty": 0.0}, "loop": {"select_frac": 0.0, "max_exposure": 1.0}},
     "grad_collapse": {"agent": {"kill_collapse_eps": 1e6, "kill_collapse_updates": 20, "kill_warmup_updates": 50}},
