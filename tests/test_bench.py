@@ -113,3 +113,19 @@ def test_env_count_defaults_to_the_presets(capsys) -> None:
     for name, want in (("smoke", 64), ("h100", 1024)):
         assert main(["--sim-only", "--steps", "2", "--device", "cpu", "--preset", name, "--json"]) == 0
         assert json.loads(capsys.readouterr().out.splitlines()[-1])["n_envs"] == want
+
+
+def test_mirror_augment_flag_overrides_the_presets_and_the_timed_step_samples_both_markets(capsys, monkeypatch) -> None:
+    """--mirror-augment / --no-mirror-augment reach the timed trainer: its step then holds the (2T, F) table of both
+    markets (or none), and the JSON line says which step was timed."""
+    built = []
+    real = bench._bench_trainer
+    monkeypatch.setattr(bench, "_bench_trainer", lambda *a, **k: built.append(real(*a, **k)) or built[-1])
+    for flag, want in (("--mirror-augment", True), ("--no-mirror-augment", False)):
+        built.clear()
+        assert main(["--n-envs", "16", "--steps", "2", "--device", "cpu", "--preset", "h100", "--encoder", "gru",
+                     "--window-rows", "400", "--json", flag]) == 0
+        r = json.loads(capsys.readouterr().out.strip().splitlines()[-1])
+        assert r["mirror_augment"] is want
+        table = built[0].step_fn.both_markets
+        assert (table is not None and table.shape == (800, 23)) if want else table is None

@@ -198,7 +198,8 @@ def run_step_bench(n_envs: int, steps: int, device: str, mode: str, preset_name:
         "bench": "step", "mode": mode, "preset": preset_name, "n_envs": n_envs, "steps": steps,
         "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
         "batch_size": trainer.agent_cfg.batch_size, "encoder": trainer.agent_cfg.encoder,
-        "scan": trainer.agent_cfg.scan, "compile": compile, "overlap": step.side.stream is not None,
+        "scan": trainer.agent_cfg.scan, "mirror_augment": trainer.agent_cfg.mirror_augment,
+        "compile": compile, "overlap": step.side.stream is not None,
         "act_sms": step.side.sms,
         "window_rows": window_rows,
         "act_by_row_table": step.table_rows is not None,
@@ -452,10 +453,15 @@ def main(argv: list[str] | None = None) -> int:
                         help="full step: rows of the training window (acting encodes min(n_envs, rows) windows)")
     parser.add_argument("--encoder", choices=ENCODERS, help="full step: override the preset's encoder")
     parser.add_argument("--scan", choices=SCANS, help="full step: Mamba selective-scan variant")
+    parser.add_argument("--mirror-augment", action=argparse.BooleanOptionalAction, default=None,
+                        help="full step: override the preset's agent.mirror_augment (train on the reflected market "
+                             "too: one gather from a table of both markets)")
     args = parser.parse_args(argv)
     if args.n_envs is None:
         args.n_envs = preset(args.preset).sim.n_envs
     agent = {k: v for k, v in {"encoder": args.encoder, "scan": args.scan}.items() if v}
+    if args.mirror_augment is not None:
+        agent["mirror_augment"] = args.mirror_augment
     loop = {"overlap": not args.no_overlap}
     if args.act_sm_share is not None:
         loop["act_sm_share"] = args.act_sm_share
