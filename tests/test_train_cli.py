@@ -90,7 +90,7 @@ def test_every_config_field_has_a_dotted_flag_that_sets_only_that_field():
         else:
             values, value = _other_value(sec, name, default, annotation)
             words = [flag, *values]
-        got = _cfg("--preset", "smoke", "--agent.no-mirror", *words)
+        got = _cfg("--preset", "smoke", "--agent.no-mirror", "--agent.no-mirror-augment", *words)
         want = base.replace(**{sec: {name: value}})
         assert getattr(getattr(got, sec), name) == value, (words, getattr(getattr(got, sec), name))
         assert got == dataclasses.replace(want, folds=got.folds) and (sec == "folds" or got.folds == base.folds), words
