@@ -152,9 +152,11 @@ class TrainStep:
             # shifted by T gather its reflected windows in the same single gather as the even items' (a window
             # never reaches below row W - 1, so never across the seam).
             self.both_markets = torch.cat([features, reflected])  # (2T, F)
-            self.env_signs = torch.tensor(ENV_REFLECTION, device=features.device)  # (ENV_FEATURES,)
             self.reflect_item = torch.arange(batch_size, device=features.device) % 2 == 1  # (B,) the odd items
             self.row_shift = self.reflect_item.long() * features.shape[0]  # (B,) T on the odd items, 0 on the even
+            # Env-state signs per item: ENV_REFLECTION on the odd items, ones on the even (x * 1.0 is x exactly).
+            signs = torch.tensor(ENV_REFLECTION, device=features.device)  # (ENV_FEATURES,)
+            self.item_env_signs = torch.where(self.reflect_item[:, None], signs, torch.ones_like(signs))  # (B, S)
         # torch.compile (LoopConfig.compile): inductor fuses the simulator's elementwise chain and, with 'all' or
         # 'autotune' (the same pieces, GEMM kernels picked by timing: `compile_options`), the acting path, storing,
         # sampling and the learner's tensor-only pieces. Compiled on the first eager step, so a graph capture
@@ -222,12 +224,10 @@ class TrainStep:
             obs = gather_windows(self.features, b.row, self.window)  # (B, W, F)
             next_obs = gather_windows(self.features, b.next_row, self.window)
         else:  # AgentConfig.mirror_augment: the odd items in the reflected market
-            odd = self.reflect_item
             obs = gather_windows(self.both_markets, b.row + self.row_shift, self.window)  # (B, W, F)
             next_obs = gather_windows(self.both_markets, b.next_row + self.row_shift, self.window)
-            env_state = torch.where(odd[:, None], env_state * self.env_signs, env_state)
-            next_env_state = torch.where(odd[:, None], next_env_state * self.env_signs, next_env_state)
-            action = torch.where(odd[:, None], mirror_actions(action), action)
+            env_state, next_env_state = env_state * self.item_env_signs, next_env_state * self.item_env_signs
+            action = torch.where(self.reflect_item[:, None], mirror_actions(action), action)
         # Built by the constructor, not `b._replace`: dynamo of PyTorch 2.11 cannot return a namedtuple made by
         # `_replace` from a compiled function (an AssertionError in side_effects; 2.13 can).
         return idx, Transitions(b.row, env_state, action, b.return_n, b.discount_n, b.next_row, next_env_state,
